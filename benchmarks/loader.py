@@ -1,0 +1,120 @@
+"""Benchmark: one LeNet training epoch of this project's loop against a conventional PyTorch input pipeline.
+
+    python benchmarks/loader.py [--data data/prepared/cifar10] [--repeats 2]
+
+Both loops train the same model (LeNet, SGD, batch 128) on the same prepared CIFAR-10 training split, with the same
+augmentation (random crop with 4-pixel padding, horizontal flip), in the same process:
+  - this project: the split lives on the device as one uint8 tensor; crop, flip and normalisation are tensor ops
+    over the batch (cheaptrain.trainer.train_epoch);
+  - conventional: torchvision RandomCrop(32, padding=4) + RandomHorizontalFlip + ToTensor + Normalize in a Dataset
+    of PIL images, DataLoader(batch_size=128, shuffle=True, num_workers=2).
+The trainer also keeps tensors channels_last (NHWC), which speeds up the model's own compute on CPU; the script times
+this loop with and without it, so the loader's own share of the speed-up is visible. The loops alternate so that
+machine noise hits all of them; the script prints every epoch time and the ratios of the medians.
+"""
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cheaptrain.data import DeviceData, channel_stats
+from cheaptrain.methods import Method
+from cheaptrain.models import create_model
+from cheaptrain.prepare import load_split
+from cheaptrain.trainer import train_epoch
+
+
+class PILDataset(Dataset):
+    """The usual CIFAR Dataset: a PIL image per sample, torchvision transforms in the worker processes."""
+
+    def __init__(self, images, labels, transform) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.transform(Image.fromarray(self.images[i])), int(self.labels[i])
+
+
+def conventional_epoch(model, optimizer, loader) -> float:
+    start = time.perf_counter()
+    model.train()
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
+    parser.add_argument("--repeats", type=int, default=2, help="epochs of each loop (default: %(default)s)")
+    parser.add_argument("--model", default="lenet")
+    args = parser.parse_args()
+
+    split = load_split(Path(args.data), "train")
+    mean, std = channel_stats(torch.from_numpy(split.images))
+    device = torch.device("cpu")
+    conventional = DataLoader(
+        PILDataset(split.images, split.labels, transforms.Compose([
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(mean.tolist(), std.tolist()),
+        ])),
+        batch_size=128, shuffle=True, num_workers=2,
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+
+    def fresh():
+        torch.manual_seed(0)
+        model = create_model(args.model, len(split.classes))
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+
+    def ours(channels_last: bool) -> float:
+        model, optimizer = fresh()
+        data = DeviceData(split, device, mean, std, channels_last)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        method = Method()
+        method.setup(None)
+        no_autocast = contextlib.nullcontext()
+        return train_epoch(model, optimizer, data, method, 1, 0.01, 128, True, generator, no_autocast)["epoch_train_s"]
+
+    times: dict[str, list[float]] = {"conventional": [], "ours": [], "ours, NCHW": []}
+    for repeat in range(args.repeats):
+        model, optimizer = fresh()
+        times["conventional"].append(conventional_epoch(model, optimizer, conventional))
+        times["ours"].append(ours(channels_last=True))
+        times["ours, NCHW"].append(ours(channels_last=False))
+        print(f"repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"\n{args.model}, one training epoch over {len(split.labels)} images, {torch.get_num_threads()} threads, "
+        f"median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+    )
+    print(
+        f"speed-up of this loop (as the trainer runs it, channels_last): {median['conventional'] / median['ours']:.2f}x"
+    )
+    print(
+        f"speed-up from the loader alone (same NCHW model as the conventional loop): "
+        f"{median['conventional'] / median['ours, NCHW']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Run the pipeline on an overlay of params.yaml (default: params.quick.yaml) as a DVC experiment.
+
+    python -m cheaptrain.quick                    # dvc exp run -S <every leaf of params.quick.yaml>
+    python -m cheaptrain.quick --dry-run          # print the command only
+    python -m cheaptrain.quick -- --temp          # anything after -- goes to `dvc exp run`
+
+The experiment runs in the workspace: afterwards params.yaml holds the quick values (`git checkout params.yaml
+dvc.lock` returns to the papers' setting) and `dvc exp show` lists it beside the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
+    """{'a': {'b': [1, 2]}} -> ['a.b=[1, 2]']: one `-S` value per leaf (lists are leaves)."""
+    out = []
+    for key, value in overlay.items():
+        if isinstance(value, dict) and value:
+            out += overrides(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={json.dumps(value)}")  # JSON is YAML, which is how DVC reads -S values
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overlay", nargs="?", default="params.quick.yaml", help="overlay file (default: %(default)s)")
+    parser.add_argument("--dry-run", action="store_true", help="print the dvc command without running it")
+    parser.add_argument("dvc_args", nargs=argparse.REMAINDER, help="after --: more arguments for `dvc exp run`")
+    args = parser.parse_args(argv)
+    overlay = yaml.safe_load(Path(args.overlay).read_text()) or {}
+    extra = args.dvc_args[1:] if args.dvc_args[:1] == ["--"] else args.dvc_args
+    command = ["dvc", "exp", "run", *[a for o in overrides(overlay) for a in ("-S", o)], *extra]
+    print(shlex.join(command), flush=True)
+    if not args.dry_run:
+        sys.exit(subprocess.run(command).returncode)
+
+
+if __name__ == "__main__":
+    main()

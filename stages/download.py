@@ -1,0 +1,44 @@
+"""DVC stage `download`: fetch one CIFAR dataset and write it prepared to data/prepared/<dataset>/.
+
+Reads params section `download.<dataset>` (source, sha256). The environment variable <DATASET>_SOURCE
+(e.g. CIFAR10_SOURCE=../shared/datasets/cifar10-jpg.tar.gz) overrides the source, for offline machines.
+Also creates the MLflow experiments, in the workspace, so that their artifact stores never point into a
+temporary copy of the repository.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
+
+from cheaptrain import run_main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="cifar10 or cifar100")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+    parser.add_argument("--out", default="data/prepared", help="prepared data root (default: %(default)s)")
+    parser.add_argument("--cache", default="data/raw", help="download cache (default: %(default)s)")
+    args = parser.parse_args()
+
+    from cheaptrain.config import load_params
+    from cheaptrain.prepare import prepare_dataset, resolve_source
+    from cheaptrain.tracking import ensure_experiment
+
+    params = load_params(args.params)
+    settings = (params.get("download") or {}).get(args.dataset) or {}
+    for study in params.get("grid") or {}:
+        ensure_experiment(study)
+    param = settings.get("source", "torchvision")
+    manifest = prepare_dataset(
+        args.dataset, param, Path(args.out) / args.dataset, Path(args.cache), sha256=settings.get("sha256")
+    )
+    source = resolve_source(args.dataset, param)
+    counts = ", ".join(f"{split} {info['count']}" for split, info in manifest["splits"].items())
+    print(f"{args.dataset}: {counts} images from {source}")
+
+
+if __name__ == "__main__":
+    run_main(main)

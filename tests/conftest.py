@@ -1,0 +1,63 @@
+"""Shared fixtures: small synthetic splits, the shared CIFAR-10 archive, throwaway copies of the repository."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_ARCHIVE = REPO.parent / "shared" / "datasets" / "cifar10-jpg.tar.gz"
+BIN = Path(sys.executable).parent  # the venv running the tests: its dvc and python run the stages
+
+
+def synthetic_split(n: int, num_classes: int = 10, seed: int = 0):
+    """Random images whose mean colour carries the label: learnable in a few epochs by any model."""
+    from cheaptrain.prepare import Split
+
+    palette = np.random.default_rng(12345).integers(0, 256, (num_classes, 3))  # the same in every split
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, num_classes, n).astype(np.int64)
+    noise = rng.normal(0, 40, (n, 32, 32, 3))
+    images = np.clip(palette[labels][:, None, None, :] + noise, 0, 255).astype(np.uint8)
+    return Split(images=images, labels=labels, classes=[f"c{i}" for i in range(num_classes)])
+
+
+def copy_repo(dest: Path) -> Path:
+    """A fresh git repository holding this checkout's files (tracked and untracked-not-ignored), committed."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=dest, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "test copy"], cwd=dest, check=True)
+    return dest
+
+
+def run_in(repo: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 900):
+    """Run a command in `repo` with this venv first on PATH; returns the CompletedProcess (output captured)."""
+    full_env = os.environ | {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    full_env.pop("MLFLOW_TRACKING_URI", None)
+    full_env.pop("DVC_ROOT", None)
+    result = subprocess.run(cmd, cwd=repo, env=full_env | (env or {}), capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def shared_archive() -> Path:
+    if not SHARED_ARCHIVE.is_file():
+        pytest.skip(f"the shared CIFAR-10 archive is not at {SHARED_ARCHIVE}")
+    return SHARED_ARCHIVE

@@ -1,0 +1,156 @@
+"""Params: learning-rate schedules, resolution of every grid run, and clear errors for bad input."""
+
+import copy
+
+import pytest
+import yaml
+
+from cheaptrain import UserError
+from cheaptrain.aggregate import grid_runs
+from cheaptrain.config import ConfigError, Recipe, load_params, resolve_run
+
+from conftest import REPO
+
+PARAMS = load_params(REPO / "params.yaml")
+
+
+def recipe(**overrides) -> Recipe:
+    values = (
+        dict(
+            epochs=200,
+            batch_size=128,
+            lr=0.1,
+            momentum=0.9,
+            weight_decay=5e-4,
+            nesterov=False,
+            schedule="multistep",
+            milestones=(60, 120, 160),
+            gamma=0.2,
+        )
+        | overrides
+    )
+    return Recipe(**values)
+
+
+def test_multistep_drops_after_each_milestone():
+    r = recipe()
+    assert [r.lr_at(e) for e in (1, 60)] == [0.1, 0.1]
+    assert r.lr_at(61) == pytest.approx(0.02)
+    assert r.lr_at(120) == pytest.approx(0.02)
+    assert r.lr_at(121) == pytest.approx(0.004)
+    assert r.lr_at(161) == pytest.approx(0.0008)
+    assert r.lr_at(200) == pytest.approx(0.0008)
+
+
+def test_step_divides_every_step_size_epochs():
+    r = recipe(schedule="step", step_size=30, gamma=0.1, milestones=())
+    assert r.lr_at(30) == 0.1
+    assert r.lr_at(31) == pytest.approx(0.01)
+    assert r.lr_at(61) == pytest.approx(0.001)
+    assert r.lr_at(200) == pytest.approx(0.1 * 0.1**6)
+
+
+def test_cosine_starts_at_lr_and_decays_to_near_zero():
+    r = recipe(schedule="cosine", epochs=100)
+    assert r.lr_at(1) == pytest.approx(0.1)
+    assert r.lr_at(51) == pytest.approx(0.05)
+    assert 0 < r.lr_at(100) < 1e-3
+    assert all(r.lr_at(e) > r.lr_at(e + 1) for e in range(1, 100))
+
+
+def test_every_default_grid_run_resolves_with_its_studys_recipe():
+    runs = list(grid_runs(PARAMS))
+    assert runs, "the default grid trains nothing"
+    for study, dataset, model, method, seed in runs:
+        cfg = resolve_run(PARAMS, study, dataset, model, method, seed)
+        assert cfg.recipe.epochs == 200
+        assert cfg.out_dir.as_posix() == f"runs/{study}/{dataset}-{model}-{method}-s{seed}"
+    dfp = resolve_run(PARAMS, "dfp", "cifar10", "resnet18", "baseline", 0).recipe
+    wus = resolve_run(PARAMS, "wus", "cifar10", "resnet18", "baseline", 0).recipe
+    assert (dfp.weight_decay, dfp.milestones, dfp.gamma, dfp.augment) == (5e-4, (60, 120, 160), 0.2, True)
+    assert (wus.weight_decay, wus.step_size, wus.gamma, wus.augment) == (1e-4, 30, 0.1, False)
+
+
+def test_quick_overlay_only_names_keys_of_params_yaml():
+    overlay = yaml.safe_load((REPO / "params.quick.yaml").read_text())
+
+    def check(over, base, path):
+        for key, value in over.items():
+            assert key in base, f"params.quick.yaml sets {path}{key}, which params.yaml does not have"
+            if isinstance(value, dict):
+                check(value, base[key], f"{path}{key}.")
+
+    check(overlay, PARAMS, "")
+
+
+def test_fingerprint_changes_with_any_setting():
+    a = resolve_run(PARAMS, "dfp", "cifar10", "lenet", "baseline", 0)
+    assert a.fingerprint() == resolve_run(PARAMS, "dfp", "cifar10", "lenet", "baseline", 0).fingerprint()
+    assert a.fingerprint() != resolve_run(PARAMS, "dfp", "cifar10", "lenet", "baseline", 1).fingerprint()
+    params = copy.deepcopy(PARAMS)
+    params["recipes"]["dfp"]["lr"] = 0.05
+    assert a.fingerprint() != resolve_run(params, "dfp", "cifar10", "lenet", "baseline", 0).fingerprint()
+
+
+def with_change(path: str, value):
+    params = copy.deepcopy(PARAMS)
+    *parents, last = path.split(".")
+    node = params
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return params
+
+
+BAD = [  # (change to params, run overrides, text the error must contain)
+    (("recipes.dfp.epochs", 0), {}, "recipes.dfp.epochs: 0 is invalid; accepted: a positive integer"),
+    (("recipes.dfp.epochs", -5), {}, "recipes.dfp.epochs"),
+    (("recipes.dfp.batch_size", 0), {}, "recipes.dfp.batch_size: 0 is invalid; accepted: a positive integer"),
+    (("recipes.dfp.lr", 0), {}, "recipes.dfp.lr: 0 is invalid; accepted: a positive number"),
+    (("recipes.dfp.lr", "fast"), {}, "recipes.dfp.lr"),
+    (("recipes.dfp.milestones", [60, 250]), {}, "recipes.dfp.milestones: [60, 250] lie outside the run"),
+    (("recipes.dfp.milestones", [120, 60]), {}, "accepted: increasing epoch numbers"),
+    (("recipes.dfp.schedule", "linear"), {}, "accepted: multistep | step | cosine"),
+    (("recipes.wus.step_size", 0), {"study": "wus"}, "recipes.wus.step_size"),
+    (("recipes.dfp.momentum", 1.5), {}, "recipes.dfp.momentum"),
+    (("recipes.dfp.learning_rate", 0.1), {}, "recipes.dfp.learning_rate: unknown setting"),
+    (("train.device", "tpu"), {}, "train.device: 'tpu' is invalid; accepted: auto | cpu | cuda | cuda:N"),
+    (("train.eval_batch_size", 0), {}, "train.eval_batch_size"),
+    (("methods.baseline", {"tolerance": 1}), {}, "methods.baseline.tolerance: unknown parameter"),
+    (
+        ("recipes.dfp.model_args", {"resnet18": {"batch_norm": False}}),
+        {"model": "resnet18"},
+        "recipes.dfp.model_args.resnet18",
+    ),
+    (("recipes.dfp.model_args", {"vgg16": True}), {}, "recipes.dfp.model_args: {'vgg16': True} is invalid"),
+    (None, {"dataset": "mnist"}, "dataset 'mnist': unknown (accepted: cifar10, cifar100)"),
+    (None, {"model": "resnet9000"}, "model 'resnet9000': unknown (accepted: "),
+    (None, {"method": "magic"}, "method 'magic': unknown (accepted: baseline"),
+    (None, {"study": "nope"}, "study 'nope': no recipes.nope in params"),
+    (None, {"seed": -1}, "seed -1"),
+]
+
+
+@pytest.mark.parametrize(("change", "run", "expected"), BAD, ids=[b[2][:40] for b in BAD])
+def test_bad_params_fail_before_any_work_with_a_clear_error(change, run, expected):
+    params = with_change(*change) if change else PARAMS
+    args = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": "baseline", "seed": 0} | run
+    with pytest.raises(ConfigError) as info:
+        resolve_run(params, **args)
+    assert expected in str(info.value)
+
+
+def test_every_problem_is_reported_at_once():
+    params = with_change("recipes.dfp.lr", -1)
+    params["recipes"]["dfp"]["batch_size"] = 0
+    with pytest.raises(ConfigError) as info:
+        resolve_run(params, "dfp", "mnist", "lenet", "baseline", 0)
+    assert len(info.value.problems) == 3
+
+
+def test_unreadable_params_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_params(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_params(tmp_path / "bad.yaml")

@@ -1,0 +1,647 @@
+"""Tests for cheaptrain.prepare on tiny synthetic archives (one e2e test on the real shared archive)."""
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cheaptrain import UserError, prepare
+from cheaptrain.prepare import (
+    DATASETS,
+    DataError,
+    load_split,
+    prepare_dataset,
+    resolve_source,
+    write_prepared,
+)
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+PER_CLASS = {"train": 3, "test": 2}
+SHARED_ARCHIVE = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "cifar10-jpg.tar.gz"
+SHARED_SHA256 = "4408dd73cc7e0535b6083c86689cc2445cf903efc6b3341722a3dbaa6e8c8b77"
+
+Images = dict[str, dict[str, list[np.ndarray]]]  # split -> class -> images
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The developer's shell may set these; every test states its own environment.
+    for var in ("CIFAR10_SOURCE", "CIFAR100_SOURCE", "DVC_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+# --- building archives -------------------------------------------------------------------------------------
+
+
+def sample_images(seed: int = 0) -> Images:
+    rng = np.random.default_rng(seed)
+    return {
+        split: {cls: [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(n)] for cls in CIFAR10_CLASSES}
+        for split, n in PER_CLASS.items()
+    }
+
+
+def encode(image: np.ndarray, fmt: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def folder_entries(images: Images, root: str = "", fmt: str = "PNG") -> dict[str, bytes]:
+    prefix = f"{root}/" if root else ""
+    return {
+        f"{prefix}{split}/{cls}/{i:04d}.{fmt.lower()}": encode(image, fmt)
+        for split, by_class in images.items()
+        for cls, items in by_class.items()
+        for i, image in enumerate(items)
+    }
+
+
+def expected_arrays(images: Images) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return {
+        split: (
+            np.stack([image for cls in CIFAR10_CLASSES for image in by_class[cls]]),
+            np.array([label for label, cls in enumerate(CIFAR10_CLASSES) for _ in by_class[cls]]),
+        )
+        for split, by_class in images.items()
+    }
+
+
+def write_archive(path: Path, entries: dict[str, bytes]) -> Path:
+    """Write entries as .zip, .tar or .tar.gz/.tgz (by suffix), shuffled: results must not depend on order."""
+    names = list(entries)
+    np.random.default_rng(1).shuffle(names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".zip":
+        with zipfile.ZipFile(path, "w") as zf:
+            for name in names:
+                zf.writestr(name, entries[name])
+    else:
+        with tarfile.open(path, "w" if path.suffix == ".tar" else "w:gz") as tf:
+            for name in names:
+                member = tarfile.TarInfo(name)
+                member.size = len(entries[name])
+                tf.addfile(member, io.BytesIO(entries[name]))
+    return path
+
+
+def py2_pickle(obj: object) -> bytes:
+    # Protocol 2 with numpy 1.x module names, like the official (Python 2) batches.
+    return pickle.dumps(obj, protocol=2).replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+
+
+def official_entries(dataset: str, seed: int = 0) -> tuple[dict[str, bytes], dict, list[str]]:
+    """A tiny official python-format archive: its members, the expected arrays and the class names."""
+    info = DATASETS[dataset]
+    rng = np.random.default_rng(seed)
+    classes = CIFAR10_CLASSES if dataset == "cifar10" else [f"class_{i:02d}" for i in range(info.num_classes)]
+    entries = {f"{info.folder}/{info.meta_file}": py2_pickle({info.names_key: classes})}
+    expected = {}
+    for split, files in (("train", info.train_files), ("test", info.test_files)):
+        xs, ys = [], []
+        for name in files:
+            x = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+            y = rng.integers(0, info.num_classes, 4)
+            rows = x.transpose(0, 3, 1, 2).reshape(4, 3072)  # official rows: the R, G and B planes
+            entries[f"{info.folder}/{name}"] = py2_pickle({"data": rows, info.label_key: y.tolist()})
+            xs.append(x)
+            ys.append(y)
+        expected[split] = (np.concatenate(xs), np.concatenate(ys))
+    return entries, expected, classes
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".partial-" in p.name or ".old-" in p.name]
+
+
+def tiny_splits(seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return {
+        split: (rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), np.arange(n, dtype=np.int64) % 10)
+        for split, n in (("train", 20), ("test", 10))
+    }
+
+
+def assert_fails_cleanly(
+    tmp_path: Path, source: str, match: str, dataset: str = "cifar10", **kwargs: object
+) -> DataError:
+    """DataError (one paragraph); no output where there was none, a previous complete output untouched."""
+    fresh, previous = tmp_path / "fresh", tmp_path / "previous"
+    if not previous.exists():
+        write_prepared(previous, tiny_splits(), CIFAR10_CLASSES, {"run": "previous"})
+    before = snapshot(previous)
+    for out in (fresh, previous):
+        with pytest.raises(DataError, match=match) as caught:
+            prepare_dataset(dataset, source, out, tmp_path / "cache", progress=False, **kwargs)
+    assert isinstance(caught.value, UserError)
+    assert "\n" not in str(caught.value)
+    assert not fresh.exists()
+    assert snapshot(previous) == before
+    assert leftovers(tmp_path) == []
+    return caught.value
+
+
+def assert_retry_succeeds(tmp_path: Path, source: str, dataset: str = "cifar10", **kwargs: object) -> dict:
+    manifest = prepare_dataset(dataset, source, tmp_path / "previous", tmp_path / "cache", progress=False, **kwargs)
+    assert json.loads((tmp_path / "previous" / "manifest.json").read_text()) == manifest
+    assert load_split(tmp_path / "previous", "test").images.shape[1:] == (32, 32, 3)
+    assert leftovers(tmp_path) == []
+    return manifest
+
+
+# --- decoding ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz", ".tgz", ".zip"])
+@pytest.mark.parametrize("root", ["", "cifar10-png"])
+def test_image_folder_archive_gives_exact_pixels_labels_and_class_order(tmp_path: Path, suffix: str, root: str) -> None:
+    images = sample_images()
+    archive = write_archive(tmp_path / f"src{suffix}", folder_entries(images, root))
+    out = tmp_path / "prepared"
+    manifest = prepare_dataset("cifar10", str(archive), out, tmp_path / "cache", progress=False)
+    assert manifest["layout"] == "image-folder"
+    for split, (x, y) in expected_arrays(images).items():
+        loaded = load_split(out, split)
+        assert loaded.images.dtype == np.uint8 and loaded.labels.dtype == np.int64
+        np.testing.assert_array_equal(loaded.images, x)
+        np.testing.assert_array_equal(loaded.labels, y)
+        assert loaded.classes == CIFAR10_CLASSES
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "test.npz", "train.npz"]
+    assert leftovers(tmp_path) == []
+
+
+def test_jpeg_images_decode(tmp_path: Path) -> None:
+    # Flat colours survive JPEG almost exactly.
+    images = {
+        split: {
+            cls: [np.full((32, 32, 3), (20 * c + i, 100, 200 - 15 * c), dtype=np.uint8) for i in range(n)]
+            for c, cls in enumerate(CIFAR10_CLASSES)
+        }
+        for split, n in PER_CLASS.items()
+    }
+    archive = write_archive(tmp_path / "src.tar.gz", folder_entries(images, "cifar10-jpg", fmt="JPEG"))
+    prepare_dataset("cifar10", str(archive), tmp_path / "out", tmp_path / "cache", progress=False)
+    for split, (x, y) in expected_arrays(images).items():
+        loaded = load_split(tmp_path / "out", split)
+        assert np.abs(loaded.images.astype(int) - x).max() <= 3
+        np.testing.assert_array_equal(loaded.labels, y)
+
+
+def test_manifest_records_source_checksum_and_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = write_archive(tmp_path / "data" / "src.zip", folder_entries(sample_images()))
+    monkeypatch.chdir(tmp_path)
+    manifest = prepare_dataset("cifar10", "data/src.zip", tmp_path / "out", tmp_path / "cache", progress=False)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == manifest
+    assert manifest["dataset"] == "cifar10"
+    assert manifest["source"] == {"param": "data/src.zip", "env": None}
+    assert manifest["layout"] == "image-folder"
+    assert manifest["archive"]["sha256"] == sha256_of(archive)
+    assert manifest["classes"] == CIFAR10_CLASSES
+    assert manifest["splits"] == {
+        "train": {"count": 30, "per_class": dict.fromkeys(CIFAR10_CLASSES, 3)},
+        "test": {"count": 20, "per_class": dict.fromkeys(CIFAR10_CLASSES, 2)},
+    }
+    assert manifest["archive"]["file"] == "src.zip"
+
+
+def test_same_data_gives_byte_identical_output(tmp_path: Path) -> None:
+    """DVC hashes the prepared folder: a re-run on the same archive must not look like new data."""
+    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
+    prepare_dataset("cifar10", str(archive), tmp_path / "a", tmp_path / "cache", progress=False)
+    time.sleep(2.1)  # zip timestamps have 2-second resolution
+    prepare_dataset("cifar10", str(archive), tmp_path / "b", tmp_path / "cache", progress=False)
+    for name in ("train.npz", "test.npz", "manifest.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
+def test_official_python_archive_with_explicit_sha256(tmp_path: Path, dataset: str) -> None:
+    entries, expected, classes = official_entries(dataset)
+    archive = write_archive(tmp_path / f"{dataset}-python.tar.gz", entries)
+    out = tmp_path / "out"
+    manifest = prepare_dataset(
+        dataset, str(archive), out, tmp_path / "cache", sha256=sha256_of(archive), progress=False
+    )
+    assert manifest["layout"] == "official-python"
+    assert manifest["archive"]["sha256"] == sha256_of(archive)
+    assert manifest["classes"] == classes
+    for split, (x, y) in expected.items():
+        loaded = load_split(out, split)
+        np.testing.assert_array_equal(loaded.images, x)  # CHW rows came back as HWC
+        np.testing.assert_array_equal(loaded.labels, y)
+        assert loaded.classes == classes
+
+
+# --- sources -----------------------------------------------------------------------------------------------
+
+
+def test_resolve_source_keeps_torchvision_and_urls() -> None:
+    for source in ["torchvision", "https://example.org/c.tar.gz", "http://h/a.zip", "file:///data/a.tar"]:
+        assert resolve_source("cifar10", source) == source
+
+
+def test_resolve_source_makes_relative_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert resolve_source("cifar10", "data/a.tar") == str(tmp_path / "data" / "a.tar")
+    assert resolve_source("cifar10", "/abs/a.tar") == "/abs/a.tar"
+    # Under DVC the stage may run in a temporary copy: relative paths mean relative to the real repo.
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    monkeypatch.chdir("/")
+    expected = str(tmp_path / "shared" / "datasets" / "a.tar.gz")
+    assert resolve_source("cifar10", "../shared/datasets/a.tar.gz") == expected
+
+
+def test_environment_variable_overrides_the_param(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CIFAR10_SOURCE", "https://mirror.example/c10.tar.gz")
+    assert resolve_source("cifar10", "torchvision") == "https://mirror.example/c10.tar.gz"
+    assert resolve_source("cifar100", "torchvision") == "torchvision"  # each dataset has its own variable
+    monkeypatch.setenv("CIFAR10_SOURCE", "")
+    assert resolve_source("cifar10", "torchvision") == "torchvision"  # empty means unset
+
+    archive = write_archive(tmp_path / "repo" / "src.tar", folder_entries(sample_images()))
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    monkeypatch.setenv("CIFAR10_SOURCE", "src.tar")
+    manifest = prepare_dataset("cifar10", "torchvision", tmp_path / "out", tmp_path / "cache", progress=False)
+    assert manifest["source"] == {"param": "torchvision", "env": "src.tar"}
+    assert manifest["archive"]["sha256"] == sha256_of(archive)
+
+
+def test_unknown_dataset_lists_the_accepted_names(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="cifar10, cifar100"):
+        resolve_source("mnist", "torchvision")
+    with pytest.raises(DataError, match="cifar10, cifar100"):
+        prepare_dataset("mnist", "torchvision", tmp_path / "out", tmp_path / "cache", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_file_url_is_downloaded_into_the_cache_and_reused(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "src" / "tiny.tar.gz", folder_entries(sample_images()))
+    sha, cache = sha256_of(archive), tmp_path / "cache"
+    manifest = prepare_dataset("cifar10", archive.as_uri(), tmp_path / "out", cache, sha256=sha, progress=False)
+    assert manifest["source"]["param"] == archive.as_uri()
+    assert manifest["archive"]["sha256"] == sha
+    assert [p.name for p in cache.iterdir()] == ["tiny.tar.gz"]  # no temporary download left behind
+    assert (cache / "tiny.tar.gz").read_bytes() == archive.read_bytes()
+    archive.unlink()  # a cached copy that verifies is used without downloading again
+    prepare_dataset("cifar10", archive.as_uri(), tmp_path / "out2", cache, sha256=sha, progress=False)
+    assert snapshot(tmp_path / "out2")["train.npz"] == snapshot(tmp_path / "out")["train.npz"]
+
+
+def test_missing_file_url(tmp_path: Path) -> None:
+    url = (tmp_path / "nowhere.tar.gz").as_uri()
+    error = assert_fails_cleanly(tmp_path, url, "names no existing file")
+    assert "CIFAR10_SOURCE" in str(error)
+    write_archive(tmp_path / "nowhere.tar.gz", folder_entries(sample_images()))
+    assert_retry_succeeds(tmp_path, url)
+
+
+def test_unreachable_url_says_offline_and_how_to_use_a_local_archive(tmp_path: Path) -> None:
+    error = str(assert_fails_cleanly(tmp_path, "http://127.0.0.1:9/x.tar.gz", "offline"))
+    assert "CIFAR10_SOURCE" in error and "download.cifar10.source" in error
+    assert "../shared/datasets/cifar10-jpg.tar.gz" in error
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+class _ArchiveHandler(http.server.BaseHTTPRequestHandler):
+    """Serves server.body; with server.truncate it promises the whole body but sends half and hangs up."""
+
+    def do_GET(self) -> None:
+        body = self.server.body  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[: len(body) // 2] if self.server.truncate else body)  # type: ignore[attr-defined]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ArchiveHandler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_truncated_download_leaves_nothing_and_a_retry_succeeds(tmp_path: Path, http_server) -> None:
+    archive = write_archive(tmp_path / "tiny.tar.gz", folder_entries(sample_images()))
+    http_server.body, http_server.truncate = archive.read_bytes(), True
+    url = f"http://127.0.0.1:{http_server.server_port}/tiny.tar.gz"
+    assert_fails_cleanly(tmp_path, url, "tiny.tar.gz")
+    assert list((tmp_path / "cache").iterdir()) == []  # neither the partial file nor a temporary one
+    http_server.truncate = False
+    manifest = assert_retry_succeeds(tmp_path, url)
+    assert manifest["archive"]["sha256"] == sha256_of(archive)
+
+
+class _FakeCIFAR10:
+    """Stands in for torchvision.datasets.CIFAR10: writes an 'archive' into root, as torchvision does."""
+
+    def __init__(self, root: str, train: bool, download: bool) -> None:
+        assert download
+        Path(root).mkdir(parents=True, exist_ok=True)
+        (Path(root) / "cifar-10-python.tar.gz").write_bytes(b"official archive")
+        n = 20 if train else 10
+        self.data = np.full((n, 32, 32, 3), 7 if train else 9, dtype=np.uint8)
+        self.targets = [i % 10 for i in range(n)]
+        self.classes = list(CIFAR10_CLASSES)
+
+
+def test_torchvision_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    datasets = pytest.importorskip("torchvision.datasets")
+    monkeypatch.setattr(datasets, "CIFAR10", _FakeCIFAR10)
+    manifest = prepare_dataset("cifar10", "torchvision", tmp_path / "out", tmp_path / "cache", progress=False)
+    assert manifest["layout"] == "torchvision"
+    assert manifest["archive"] == {
+        "file": "cifar-10-python.tar.gz",
+        "url": DATASETS["cifar10"].url,
+        "md5": DATASETS["cifar10"].md5,
+        "sha256": hashlib.sha256(b"official archive").hexdigest(),
+    }
+    train = load_split(tmp_path / "out", "train")
+    assert train.images.shape == (20, 32, 32, 3) and (train.images == 7).all()
+    assert train.labels.tolist() == [i % 10 for i in range(20)] and train.classes == CIFAR10_CLASSES
+
+
+def test_torchvision_failure_says_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    datasets = pytest.importorskip("torchvision.datasets")
+
+    def offline(**kwargs: object) -> None:
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(datasets, "CIFAR10", offline)
+    error = str(assert_fails_cleanly(tmp_path, "torchvision", "offline"))
+    assert "CIFAR10_SOURCE" in error and "download.cifar10.source" in error
+    assert socket.getdefaulttimeout() is None  # the temporary download timeout was put back
+
+
+def test_dataset_table_matches_torchvision() -> None:
+    datasets = pytest.importorskip("torchvision.datasets")
+    for info in DATASETS.values():
+        tv = getattr(datasets, info.torchvision_class)
+        assert (tv.url, tv.filename, tv.tgz_md5, tv.base_folder) == (info.url, info.filename, info.md5, info.folder)
+        assert [name for name, _ in tv.train_list] == list(info.train_files)
+        assert [name for name, _ in tv.test_list] == list(info.test_files)
+        assert (tv.meta["filename"], tv.meta["key"]) == (info.meta_file, info.names_key)
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+
+
+def test_missing_local_path_then_retry(tmp_path: Path) -> None:
+    path = tmp_path / "missing.tar.gz"
+    error = str(assert_fails_cleanly(tmp_path, str(path), "does not exist"))
+    assert str(path) in error and "CIFAR10_SOURCE" in error
+    write_archive(path, folder_entries(sample_images()))
+    assert_retry_succeeds(tmp_path, str(path))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        pytest.param("garbage.tar.gz", lambda p: p.write_bytes(b"not an archive\n" * 100), id="not-an-archive"),
+        pytest.param("half.tar.gz", _truncate, id="truncated-tar.gz"),
+        pytest.param("half.tar", _truncate, id="truncated-tar"),
+        pytest.param("half.zip", _truncate, id="truncated-zip"),
+    ],
+)
+def test_unreadable_archive_then_retry(tmp_path: Path, name: str, damage: Callable[[Path], None]) -> None:
+    path = write_archive(tmp_path / name, folder_entries(sample_images()))
+    damage(path)
+    assert str(path) in str(assert_fails_cleanly(tmp_path, str(path), "truncated or corrupt"))
+    write_archive(path, folder_entries(sample_images()))
+    assert_retry_succeeds(tmp_path, str(path))
+
+
+def test_checksum_mismatch_names_both_checksums_then_retry(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "src.tar.gz", folder_entries(sample_images()))
+    wrong = "0" * 64
+    error = str(assert_fails_cleanly(tmp_path, str(archive), "Checksum mismatch", sha256=wrong))
+    assert wrong in error and sha256_of(archive) in error
+    assert_retry_succeeds(tmp_path, str(archive), sha256=sha256_of(archive))
+
+
+def test_official_archive_is_md5_checked_without_sha256(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "cifar-10-python.tar.gz", official_entries("cifar10")[0])
+    error = str(assert_fails_cleanly(tmp_path, str(archive), "md5"))
+    assert DATASETS["cifar10"].md5 in error and hashlib.md5(archive.read_bytes()).hexdigest() in error
+    assert_retry_succeeds(tmp_path, str(archive), sha256=sha256_of(archive))
+
+
+def test_official_archive_of_the_other_dataset(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "cifar-100-python.tar.gz", official_entries("cifar100")[0])
+    assert_fails_cleanly(
+        tmp_path, str(archive), "official cifar100 archive, but the dataset is cifar10", sha256=sha256_of(archive)
+    )
+
+
+class _RunsCode:
+    def __reduce__(self) -> tuple:
+        return (os.system, ("echo pwned",))
+
+
+def test_pickles_in_an_archive_cannot_run_code(tmp_path: Path) -> None:
+    entries = official_entries("cifar10")[0]
+    entries["cifar-10-batches-py/batches.meta"] = pickle.dumps({"label_names": _RunsCode()}, protocol=2)
+    archive = write_archive(tmp_path / "evil.tar.gz", entries)
+    assert_fails_cleanly(tmp_path, str(archive), "unexpected object posix.system", sha256=sha256_of(archive))
+
+
+def _without(*prefixes: str) -> Callable[[dict[str, bytes]], dict[str, bytes]]:
+    return lambda entries: {k: v for k, v in entries.items() if not k.startswith(prefixes)}
+
+
+def _with(name: str, data: bytes) -> Callable[[dict[str, bytes]], dict[str, bytes]]:
+    return lambda entries: {**entries, name: data}
+
+
+_PNG = encode(np.zeros((32, 32, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        pytest.param(_without("test/"), "has no test/ folder", id="no-test-split"),
+        pytest.param(_without("train/"), "has no train/ folder", id="no-train-split"),
+        pytest.param(
+            _without("test/truck/"),
+            r"different class folders in train/ and test/: only in train/: \['truck'\]",
+            id="class-missing-in-test",
+        ),
+        pytest.param(
+            _without("train/truck/", "test/truck/"), "has 9 class folders, but cifar10 has 10", id="wrong-class-count"
+        ),
+        pytest.param(
+            lambda entries: {"readme.txt": b"hello", "images/0.png": _PNG}, "neither known layout", id="unknown-layout"
+        ),
+        pytest.param(
+            lambda entries: {f"{root}/{k}": v for k, v in entries.items() for root in ("a", "b")},
+            "several top-level folders",
+            id="two-top-level-folders",
+        ),
+        pytest.param(
+            _with("train/cat/9999.png", encode(np.zeros((32, 31, 3), dtype=np.uint8))),
+            "image train/cat/9999.png is 31x32 RGB, but CIFAR images are 32x32 RGB",
+            id="not-32x32",
+        ),
+        pytest.param(
+            _with("test/dog/9999.png", encode(np.zeros((32, 32), dtype=np.uint8))),
+            "image test/dog/9999.png is 32x32 L, but",
+            id="grayscale",
+        ),
+        pytest.param(
+            _with("train/cat/9999.png", b"not an image"),
+            "cannot decode the image train/cat/9999.png",
+            id="not-an-image",
+        ),
+        pytest.param(
+            _with("test/cat/9999.png", _PNG[: len(_PNG) // 2]),
+            "cannot decode the image test/cat/9999.png",
+            id="truncated-image",
+        ),
+    ],
+)
+def test_bad_layout_or_image_then_retry(tmp_path: Path, damage: Callable, match: str) -> None:
+    good = folder_entries(sample_images())
+    archive = write_archive(tmp_path / "src.zip", damage(good))
+    assert_fails_cleanly(tmp_path, str(archive), match)
+    write_archive(archive, good)
+    assert_retry_succeeds(tmp_path, str(archive))
+
+
+def test_hidden_files_are_ignored(tmp_path: Path) -> None:
+    entries = {**folder_entries(sample_images()), "train/cat/.DS_Store": b"junk", "test/cat/._0000.png": b"x"}
+    archive = write_archive(tmp_path / "src.zip", entries)
+    manifest = prepare_dataset("cifar10", str(archive), tmp_path / "out", tmp_path / "cache", progress=False)
+    assert manifest["splits"]["train"]["count"] == 30
+
+
+# --- atomic output and loading -----------------------------------------------------------------------------
+
+
+def test_interrupted_write_leaves_nothing_or_the_previous_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    previous = tmp_path / "previous"
+    write_prepared(previous, tiny_splits(), CIFAR10_CLASSES, {"run": 1})
+    before = snapshot(previous)
+    real_save, calls = prepare._save_npz, []
+
+    def save_then_interrupt(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        if len(calls) % 2 == 0:  # the second file of each run
+            raise KeyboardInterrupt
+        real_save(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "_save_npz", save_then_interrupt)
+    for out in (previous, tmp_path / "fresh"):
+        with pytest.raises(KeyboardInterrupt):
+            write_prepared(out, tiny_splits(seed=1), CIFAR10_CLASSES, {"run": 2})
+    assert snapshot(previous) == before
+    assert not (tmp_path / "fresh").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_stale_partial_folders_of_killed_runs_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    stale = tmp_path / f".out.partial-{dead.stdout.strip()}"
+    stale.mkdir()
+    (stale / "train.npz").write_bytes(b"half a file")
+    running = tmp_path / f".out.partial-{os.getppid()}"  # a live process may still be writing this one
+    running.mkdir()
+    write_prepared(tmp_path / "out", tiny_splits(), CIFAR10_CLASSES, {})
+    assert not stale.exists() and running.exists()
+    assert load_split(tmp_path / "out", "train").images.shape == (20, 32, 32, 3)
+
+
+def test_write_prepared_replaces_a_previous_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_prepared(out, tiny_splits(), CIFAR10_CLASSES, {"run": 1})
+    manifest = write_prepared(out, tiny_splits(seed=1), CIFAR10_CLASSES, {"run": 2})
+    assert manifest["run"] == 2 and json.loads((out / "manifest.json").read_text())["run"] == 2
+    np.testing.assert_array_equal(load_split(out, "test").images, tiny_splits(seed=1)["test"][0])
+    assert leftovers(tmp_path) == []
+
+
+def test_write_prepared_rejects_malformed_arrays(tmp_path: Path) -> None:
+    good = tiny_splits()
+    floats = good["test"][0].astype(np.float32)
+    with pytest.raises(ValueError, match="uint8"):
+        write_prepared(tmp_path / "out", {**good, "test": (floats, good["test"][1])}, CIFAR10_CLASSES, {})
+    with pytest.raises(ValueError, match="labels"):
+        write_prepared(tmp_path / "out", {**good, "test": (good["test"][0], good["test"][1] + 10)}, CIFAR10_CLASSES, {})
+    with pytest.raises(ValueError, match="splits"):
+        write_prepared(tmp_path / "out", {"train": good["train"]}, CIFAR10_CLASSES, {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_split_refuses_missing_or_incomplete_folders(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="no complete prepared data"):
+        load_split(out, "train")
+    write_prepared(out, tiny_splits(), CIFAR10_CLASSES, {})
+    with pytest.raises(DataError, match="Unknown split 'val'"):
+        load_split(out, "val")
+    (out / "test.npz").write_bytes(b"junk")
+    with pytest.raises(DataError, match="Cannot read"):
+        load_split(out, "test")
+    (out / "manifest.json").unlink()
+    with pytest.raises(DataError, match=r"missing: manifest\.json"):
+        load_split(out, "train")
+
+
+# --- the real shared archive -------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_shared_archive_prepares_full_cifar10(tmp_path: Path) -> None:
+    if not SHARED_ARCHIVE.is_file():
+        pytest.skip(f"{SHARED_ARCHIVE} is absent")
+    start = time.perf_counter()
+    manifest = prepare_dataset(
+        "cifar10", str(SHARED_ARCHIVE), tmp_path / "out", tmp_path / "cache", sha256=SHARED_SHA256, progress=False
+    )
+    print(f"prepared the shared archive in {time.perf_counter() - start:.1f} s")
+    train, test = load_split(tmp_path / "out", "train"), load_split(tmp_path / "out", "test")
+    assert train.images.shape == (50_000, 32, 32, 3) and test.images.shape == (10_000, 32, 32, 3)
+    assert train.classes == test.classes == manifest["classes"] == CIFAR10_CLASSES
+    assert np.bincount(train.labels).tolist() == [5_000] * 10
+    assert np.bincount(test.labels).tolist() == [1_000] * 10
+    assert manifest["splits"]["train"]["per_class"] == dict.fromkeys(CIFAR10_CLASSES, 5_000)
+    assert manifest["splits"]["test"]["per_class"] == dict.fromkeys(CIFAR10_CLASSES, 1_000)
+    assert manifest["archive"]["sha256"] == SHARED_SHA256
+    means = train.images.mean(axis=(0, 1, 2)) / 255
+    np.testing.assert_allclose(means, [0.4913, 0.4821, 0.4465], atol=5e-4)

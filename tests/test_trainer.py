@@ -1,0 +1,146 @@
+"""The training loop on small synthetic data: determinism, what the hooks see, divergence, exact resume."""
+
+import io
+
+import pytest
+import torch
+
+from cheaptrain.config import Recipe, RunConfig
+from cheaptrain.methods import Method
+from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
+
+from conftest import synthetic_split
+
+TIMINGS = ("epoch_train_s", "eval_s")
+
+
+def config(epochs: int = 3, **recipe_overrides) -> RunConfig:
+    recipe = (
+        dict(
+            epochs=epochs,
+            batch_size=32,
+            lr=0.05,
+            momentum=0.9,
+            weight_decay=5e-4,
+            nesterov=False,
+            schedule="multistep",
+            milestones=(2,),
+            gamma=0.1,
+            augment=True,
+        )
+        | recipe_overrides
+    )
+    return RunConfig(
+        study="test", dataset="cifar10", model="lenet", method="baseline", seed=7, recipe=Recipe(**recipe), device="cpu"
+    )
+
+
+def without_timings(history):
+    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in history]
+
+
+TRAIN, TEST = synthetic_split(300, seed=1), synthetic_split(100, seed=2)
+
+
+def test_same_seed_gives_identical_metrics_and_a_schedule_per_epoch():
+    first = fit(config(), TRAIN, TEST, Method())
+    second = fit(config(), TRAIN, TEST, Method())
+    assert without_timings(first) == without_timings(second)
+    assert [row["epoch"] for row in first] == [1, 2, 3]
+    assert [row["lr"] for row in first] == pytest.approx([0.05, 0.05, 0.005])
+    assert all(row["trained_samples"] == 300 for row in first)
+    assert all(row["epoch_train_s"] > 0 and row["eval_s"] > 0 for row in first)
+    other_seed = fit(config().__class__(**(config().__dict__ | {"seed": 8})), TRAIN, TEST, Method())
+    assert without_timings(other_seed) != without_timings(first)
+
+
+def test_learns_the_synthetic_task():
+    history = fit(config(epochs=5, milestones=(4,), lr=0.02), TRAIN, TEST, Method())
+    assert history[-1]["test_acc"] > 50  # 10 classes: chance is 10%
+
+
+class Recorder(Method):
+    """Trains only the even samples, and records everything the loop hands to the hooks."""
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        self.calls = []
+        self.batches: dict[int, list] = {}
+
+    def on_epoch_start(self, epoch, lr):
+        self.calls.append(("start", epoch, lr))
+        self.batches[epoch] = []
+        return torch.arange(0, self.ctx.num_samples, 2)
+
+    def on_batch_end(self, indices, losses):
+        assert indices.shape == losses.shape and not losses.requires_grad
+        self.batches[len(self.batches)].append((indices.clone(), losses.clone()))
+
+    def on_validation_end(self, epoch, accuracy, lr):
+        self.calls.append(("validation", epoch, accuracy, lr))
+
+    def epoch_metrics(self):
+        return {"recorded_batches": len(self.batches[len(self.batches)])}
+
+    def run_metrics(self):
+        return {"epochs_seen": len(self.batches)}
+
+
+def test_hooks_see_selected_samples_per_sample_losses_and_accuracy():
+    method = Recorder()
+    history = fit(config(), TRAIN, TEST, method)
+    assert method.ctx.num_samples == 300 and method.ctx.epochs == 3
+    assert method.calls[0] == ("start", 1, 0.05)
+    assert [c[0] for c in method.calls] == ["start", "validation"] * 3
+    for row, (_, epoch, accuracy, lr) in zip(history, method.calls[1::2], strict=True):
+        assert (epoch, accuracy, lr) == (row["epoch"], row["test_acc"], row["lr"])
+        assert row["trained_samples"] == 150
+        assert row["recorded_batches"] == 5  # ceil(150 / 32)
+        seen = torch.cat([i for i, _ in method.batches[epoch]])
+        assert sorted(seen.tolist()) == list(range(0, 300, 2))  # each selected sample exactly once
+        losses = torch.cat([loss for _, loss in method.batches[epoch]])
+        assert (losses >= 0).all()
+        assert losses.mean().item() == pytest.approx(row["train_loss"], rel=1e-5)  # the losses that trained
+    assert final_metrics(history)["total_trained_samples"] == 450
+    assert method.run_metrics() == {"epochs_seen": 3}
+    orders = [torch.cat([i for i, _ in method.batches[e]]).tolist() for e in (1, 2)]
+    assert orders[0] != orders[1]  # reshuffled every epoch
+
+
+class Poison(Method):
+    def on_epoch_start(self, epoch, lr):
+        if epoch == 2:
+            with torch.no_grad():
+                next(self.ctx.model.parameters()).fill_(float("nan"))
+
+
+def test_a_nan_loss_stops_the_run_with_a_clear_error():
+    with pytest.raises(TrainingDiverged, match="became nan in epoch 2"):
+        fit(config(), TRAIN, TEST, Poison())
+
+
+def test_resuming_from_an_epoch_state_gives_the_uninterrupted_result():
+    saved = {}
+
+    def keep_epoch_2(history, state):
+        if len(history) == 2:
+            buffer = io.BytesIO()
+            torch.save(state, buffer)  # what a checkpoint on disk holds
+            saved["state"] = buffer.getvalue()
+
+    full = fit(config(epochs=4, milestones=(3,)), TRAIN, TEST, Method(), on_epoch_end=keep_epoch_2)
+    state = torch.load(io.BytesIO(saved["state"]), weights_only=False)
+    resumed = fit(config(epochs=4, milestones=(3,)), TRAIN, TEST, Method(), resume=state)
+    assert [row["epoch"] for row in resumed] == [1, 2, 3, 4]
+    assert without_timings(resumed) == without_timings(full)
+
+
+def test_final_metrics_use_both_papers_accuracy_measures():
+    history = [
+        {"test_acc": a, "epoch_train_s": 1.0, "eval_s": 0.5, "trained_samples": 10} for a in (50, 70, 60, 65, 55)
+    ]
+    final = final_metrics(history)
+    assert final["final_acc"] == 55
+    assert final["best_acc"] == 70
+    assert final["best3_acc"] == pytest.approx((70 + 65 + 60) / 3)
+    assert final["train_time_s"] == 5.0 and final["eval_time_s"] == 2.5
