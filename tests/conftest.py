@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_ARCHIVE = REPO.parent / "shared" / "datasets" / "cifar10-jpg.tar.gz"
@@ -61,3 +63,31 @@ def shared_archive() -> Path:
     if not SHARED_ARCHIVE.is_file():
         pytest.skip(f"the shared CIFAR-10 archive is not at {SHARED_ARCHIVE}")
     return SHARED_ARCHIVE
+
+
+@pytest.fixture(scope="session")
+def quick(tmp_path_factory, shared_archive) -> Path:
+    """The README's quick command (`python -m cheaptrain.quick`: `dvc exp run` on params.quick.yaml) run once per
+    test session in a throwaway copy of the repository, on the real CIFAR-10 archive. Tests only read from it."""
+    repo = copy_repo(tmp_path_factory.mktemp("quick"))
+    # the copy lives in a temporary folder, so "../shared" must come from the environment variable
+    env = {"CIFAR10_SOURCE": str(shared_archive), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
+    result = run_in(repo, "python", "-m", "cheaptrain.quick", env=env, timeout=1500)
+    (repo / "quick.log").write_text(result.stdout + result.stderr)
+    return repo
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def grid(repo: Path):
+    """(study, run name, epochs) of every run that the repository's params.yaml grid trains."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    for study, g in params["grid"].items():
+        for dataset in g["datasets"]:
+            for model in g["models"]:
+                for method in g["methods"]:
+                    for seed in g["seeds"]:
+                        yield study, f"{dataset}-{model}-{method}-s{seed}", params["recipes"][study]["epochs"]

@@ -1,41 +1,14 @@
-"""End to end: the README's quick command (`python -m cheaptrain.quick`, i.e. `dvc exp run` on the quick setting)
-in a throwaway copy of the repository, on the real CIFAR-10 from ../shared. One pipeline run serves every test."""
+"""End to end: the README's quick command on the real CIFAR-10 (the `quick` fixture of conftest.py): MLflow store,
+outputs, DVC state."""
 
-import csv
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import copy_repo, run_in
+from conftest import grid, read_csv, run_in
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory, shared_archive) -> Path:
-    repo = copy_repo(tmp_path_factory.mktemp("repo"))
-    # the copy lives in a temporary folder, so "../shared" must come from the environment variable
-    env = {"CIFAR10_SOURCE": str(shared_archive), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
-    result = run_in(repo, "python", "-m", "cheaptrain.quick", env=env, timeout=1500)
-    (repo / "quick.log").write_text(result.stdout + result.stderr)
-    return repo
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def grid(repo: Path):
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    for study, g in params["grid"].items():
-        for dataset in g["datasets"]:
-            for model in g["models"]:
-                for method in g["methods"]:
-                    for seed in g["seeds"]:
-                        yield study, f"{dataset}-{model}-{method}-s{seed}", params["recipes"][study]["epochs"]
 
 
 def test_quick_setting_is_lenet_on_cifar10_for_ten_epochs(quick):
