@@ -289,7 +289,7 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.mark.e2e
-def test_quick_results_exist_and_are_declared_in_dvc(quick):
+def test_quick_results_exist_and_are_declared_in_dvc(quick, tmp_path):
     results = quick / "results"
     rows = read_csv(results / "summary.csv")
     assert {(r["study"], r["method"]) for r in rows} == {(s, n.split("-")[2]) for s, n, _ in grid(quick)}
@@ -302,7 +302,7 @@ def test_quick_results_exist_and_are_declared_in_dvc(quick):
     metrics = json.loads(run_in(quick, "dvc", "metrics", "show", "--json").stdout)
     shown = json.dumps(metrics)
     assert "results/metrics.json" in shown and "results/check.json" in shown
-    plots = run_in(quick, "dvc", "plots", "show", "--json").stdout
+    plots = run_in(quick, "dvc", "plots", "show", "--json", "-o", str(tmp_path / "plots")).stdout
     assert "results/figures/test_acc.png" in plots and "results/curves" in plots
     lock = yaml.safe_load((quick / "dvc.lock").read_text())["stages"]
     assert {"aggregate", "check"} <= set(lock)

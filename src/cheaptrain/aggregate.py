@@ -8,6 +8,7 @@ seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`,
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import itertools
 import json
@@ -46,6 +47,7 @@ SUMMARY_COLUMNS = (
     *KEY,
     "seeds",
     "epochs",
+    "recipe",
     "acc_measure",
     *(f"{s}_{part}" for s in STATS for part in ("mean", "std", "ci95")),
     *(f"{m}_mean" for m in MEANS),
@@ -168,6 +170,7 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
         row: dict[str, Any] = dict(zip(KEY, key, strict=True)) | {
             "seeds": len(group),
             "epochs": int(statistics.fmean(r.metrics["epochs"] for r in group)),
+            "recipe": recipe_id(group[0].config.get("recipe")),
             "acc_measure": measure,
         }
         values = {name: [r.metrics.get(name) for r in group] for name in ("final_acc", "best3_acc", "train_time_s")}
@@ -190,6 +193,11 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
         row["mlflow_run_ids"] = " ".join(r.mlflow_run_id for r in group)
         summary.append(row)
     return summary
+
+
+def recipe_id(recipe: dict[str, Any] | None) -> str:
+    """A short fingerprint of the training recipe: results of different recipes are not compared with each other."""
+    return hashlib.sha256(json.dumps(recipe or {}, sort_keys=True).encode()).hexdigest()[:10] if recipe else ""
 
 
 def _order(run: Run) -> tuple:
@@ -279,7 +287,7 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
             for k, v in raw.items():
                 if v in ("", None):
                     continue
-                if k in (*KEY, "acc_measure", "mlflow_run_ids"):
+                if k in (*KEY, "recipe", "acc_measure", "mlflow_run_ids"):
                     row[k] = v
                     continue
                 try:

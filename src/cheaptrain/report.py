@@ -82,9 +82,12 @@ def stat(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) ->
 
 
 def paper(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -> str:
+    """The paper's figure; '—' where it cannot apply (a baseline's saving or delta), else 'not in the paper'."""
     if row.get(name) is not None:
         return _fmt(row[name], digits, sign)
-    return "—" if row["method"] == BASELINE and name != "paper_acc" and "train_time" not in name else NOT_IN_PAPER
+    if row["method"] == BASELINE and name not in ("paper_acc", "paper_train_time_s"):
+        return "—"
+    return NOT_IN_PAPER
 
 
 def md_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -97,7 +100,6 @@ def md_table(headers: list[str], rows: list[list[str]]) -> str:
 
 @dataclass
 class Table:
-    study: str
     slug: str  # file name in MLflow: tables/<slug>.json
     title: str
     note: str
@@ -105,7 +107,8 @@ class Table:
     rows: list[list[str]]
 
     def markdown(self) -> str:
-        return f"### {self.title}\n\n{md_table(self.headers, self.rows)}\n\n{self.note}\n"
+        table = md_table(self.headers, self.rows) + "\n\n" if self.rows else ""
+        return f"### {self.title}\n\n{table}{self.note}\n"
 
     def columns(self) -> dict[str, list[str]]:
         return {h: [r[i] for r in self.rows] for i, h in enumerate(self.headers)}
@@ -128,10 +131,10 @@ def accuracy_columns(measure: str) -> list[Column]:
     return [
         (MEASURE_SHORT[measure], lambda r: stat(r, "acc")),
         ("paper %", lambda r: paper(r, "paper_acc")),
-        ("diff", lambda r: _fmt(r.get("acc_vs_paper"), sign=True)),
+        ("acc diff", lambda r: _fmt(r.get("acc_vs_paper"), sign=True)),
         ("Δ vs baseline", lambda r: stat(r, "acc_delta", sign=True)),
         ("paper Δ", lambda r: paper(r, "paper_acc_delta", sign=True)),
-        ("diff ", lambda r: _fmt(r.get("acc_delta_vs_paper"), sign=True)),
+        ("Δ diff", lambda r: _fmt(r.get("acc_delta_vs_paper"), sign=True)),
     ]
 
 
@@ -155,77 +158,48 @@ def time_columns(with_pruning: bool) -> list[Column]:
     ]
 
 
+ACC_NOTE = (
+    "Accuracy in %, mean over seeds; ± is the 95% t-interval over seeds (3+ seeds), (sd) the standard deviation (2 "
+    "seeds). Δ: method minus the baseline of the same recipe and seed, in points; diff: ours minus the paper's."
+)
+PRUNING_NOTE = "Planned saving: the sample-passes the pruning schedule leaves out; samples saved: the measured ones."
+PARAMS_COLUMNS: list[Column] = [
+    ("skip epochs", lambda r: _fmt(r.get("skip_epochs_mean"), 1)),
+    ("normal epochs", lambda r: _fmt(r.get("normal_epochs_mean"), 1)),
+    ("reduction %", lambda r: stat(r, "updated_params_reduction_pct", 1)),
+    ("paper %", lambda r: paper(r, "paper_updated_params_reduction_pct", 0)),
+    ("diff", lambda r: _fmt(r.get("updated_params_reduction_vs_paper"), 1, sign=True)),
+]
+PARAMS_NOTE = "N = E_skip·b + E_normal·(b + w), against a baseline that updates every parameter every epoch."
+
+
 def paper_tables(summary: list[dict[str, Any]]) -> list[Table]:
     """The papers' tables (DFP 1-2, WUS 1-3) with our figure, the published one and the difference in each."""
     tables = []
     for study, rows in itertools.groupby(summary, key=lambda r: r["study"]):
         rows = list(rows)
-        measure = rows[0]["acc_measure"]
-        acc_note = (
-            f"Accuracy: {MEASURE_LABEL[measure]} (%), mean over seeds; ± is the 95% t-interval over seeds (3+ seeds), "
-            "(sd) the standard deviation (2 seeds). Δ: method minus the baseline of the same recipe and seed, in "
-            "points; diff: ours minus the paper's."
-        )
-        spec: list[tuple[str, str, list[Column], str, bool]]
-        if study == "dfp":
-            spec = [
-                (
-                    "table1",
-                    "DFP Table 1: training time",
-                    time_columns(True),
-                    TIME_NOTE + "Planned saving: sample-"
-                    "passes the pruning schedule leaves out; samples saved: the measured ones.",
-                    False,
-                ),
-                (
-                    "table2",
-                    f"DFP Table 2: accuracy ({MEASURE_LABEL[measure]})",
-                    accuracy_columns(measure),
-                    acc_note,
-                    False,
-                ),
-            ]
-        elif study == "wus":
-            spec = [
-                ("table1", "WUS Table 1: training time", time_columns(False), TIME_NOTE, False),
-                (
-                    "table2",
-                    f"WUS Table 2: accuracy ({MEASURE_LABEL[measure]})",
-                    accuracy_columns(measure),
-                    acc_note,
-                    False,
-                ),
-                (
-                    "table3",
-                    "WUS Table 3: reduction of updated parameters (Eq. 1)",
-                    [
-                        ("skip epochs", lambda r: _fmt(r.get("skip_epochs_mean"), 1)),
-                        ("normal epochs", lambda r: _fmt(r.get("normal_epochs_mean"), 1)),
-                        ("reduction %", lambda r: stat(r, "updated_params_reduction_pct", 1)),
-                        ("paper %", lambda r: paper(r, "paper_updated_params_reduction_pct", 0)),
-                        ("diff", lambda r: _fmt(r.get("updated_params_reduction_vs_paper"), 1, sign=True)),
-                    ],
-                    "N = E_skip·b + E_normal·(b + w), against a baseline that updates every parameter every epoch.",
-                    True,
-                ),
-            ]
-        else:  # a study that is not from either paper
-            spec = [
-                ("time", f"{study}: training time", time_columns(False), TIME_NOTE, False),
-                (
-                    "accuracy",
-                    f"{study}: accuracy ({MEASURE_LABEL[measure]})",
-                    accuracy_columns(measure),
-                    acc_note,
-                    False,
-                ),
-            ]
-        for slug, title, columns, note, methods_only in spec:
-            shown = [r for r in rows if not (methods_only and r["method"] == BASELINE)]
+        accuracy = f"accuracy ({MEASURE_LABEL[rows[0]['acc_measure']]})"
+        acc_columns = accuracy_columns(rows[0]["acc_measure"])
+        specs = {  # (file name, title, columns, note)
+            "dfp": [
+                ("table1", "DFP Table 1: training time", time_columns(True), TIME_NOTE + PRUNING_NOTE),
+                ("table2", f"DFP Table 2: {accuracy}", acc_columns, ACC_NOTE),
+            ],
+            "wus": [
+                ("table1", "WUS Table 1: training time", time_columns(False), TIME_NOTE),
+                ("table2", f"WUS Table 2: {accuracy}", acc_columns, ACC_NOTE),
+                ("table3", "WUS Table 3: reduction of updated parameters (Eq. 1)", PARAMS_COLUMNS, PARAMS_NOTE),
+            ],
+        }.get(study) or [  # a study from neither paper
+            ("time", f"{study}: training time", time_columns(False), TIME_NOTE),
+            ("accuracy", f"{study}: {accuracy}", acc_columns, ACC_NOTE),
+        ]
+        for slug, title, columns, note in specs:
+            shown = [r for r in rows if r["method"] != BASELINE] if columns is PARAMS_COLUMNS else rows
             if not shown:
                 note = f"No method runs of this study in the grid yet. {note}"
             cells = [[f(r) for _, f in ID + columns] for r in shown]
-            tables.append(Table(study, f"{study}_{slug}", title, note, [h for h, _ in ID + columns], cells))
+            tables.append(Table(f"{study}_{slug}", title, note, [h for h, _ in ID + columns], cells))
     return tables
 
 
@@ -334,7 +308,8 @@ def report_markdown(
         "",
         f"{len(runs)} runs in `runs/`, summarised over seeds by the `aggregate` stage, beside the figures the papers "
         "publish (`data/published_results.csv`). Regenerate with `dvc repro`; the numbers are in "
-        "`results/summary.csv`, the headline figures in `results/metrics.json`.",
+        "`results/summary.csv`, the headline figures in `results/metrics.json`; the regression gate (stage `check`, "
+        "README) reads the summary and writes `results/check.json`.",
         "",
         "## Setup",
         "",
@@ -484,7 +459,7 @@ def pruned_figure(runs: list[Run]) -> Figure:
     title = "Samples pruned per epoch (mean over seeds)"
     configs = {k: g for k, g in configurations(runs).items() if all("pruned_samples" in r.history[0] for r in g)}
     if not configs:
-        return _empty(title, "No run in this grid prunes samples (methods dfp, random_prune): nothing to show yet.")
+        return _empty(title, "No dfp or random_prune runs in this grid yet: nothing pruned to show.")
     panels = sorted({k[:3] for k in configs})
     fig, axes = _panels(len(panels), title)
     for ax, panel in zip(axes, panels, strict=False):
@@ -512,7 +487,7 @@ def phases_figure(runs: list[Run]) -> Figure:
     title = "WUS phases: skip epochs (shaded) update only the last layer's bias"
     configs = {k: g for k, g in configurations(runs).items() if all("phase" in r.history[0] for r in g)}
     if not configs:
-        return _empty(title, "No run in this grid skips weight updates (methods wus, wus_lr): nothing to show yet.")
+        return _empty(title, "No wus or wus_lr runs in this grid yet: no phases to show.")
     baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
     fig, axes = _panels(len(configs), title)
     for ax, (key, group) in zip(axes, configs.items(), strict=False):
