@@ -141,7 +141,7 @@ def test_null_thresholds_are_off_and_a_method_without_its_baseline_fails(tmp_pat
     checks = evaluate([row("dfp", "dfp", 60.0, time_saving_pct=1.0)], gate_)
     assert [(c.status, c.check) for c in checks] == [
         ("FAIL", "accuracy drop vs baseline: no baseline to compare with"),
-        ("skip", "min_time_saving: null, not checked"),
+        ("skip", "min_time_saving: null (switched off)"),
     ]
 
 

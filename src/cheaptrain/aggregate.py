@@ -109,10 +109,9 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
             history.append({k: float(v) for k, v in row.items() if v not in ("", None)})
         except ValueError as e:
             raise UserError(f"{folder}/history.csv line {i}: {e}") from e
-    metrics = {k: v for k, v in metrics.items() if _number(v)}
-    return Run(
-        study, dataset, model, method, seed, metrics, history, info.get("config") or {}, info.get("mlflow_run_id") or ""
-    )
+    numbers = {k: v for k, v in metrics.items() if _number(v)}
+    config, run_id = info.get("config") or {}, info.get("mlflow_run_id") or ""
+    return Run(study, dataset, model, method, seed, numbers, history, config, run_id)
 
 
 def collect(params: dict[str, Any], runs_root: Path = Path("runs")) -> list[Run]:

@@ -88,7 +88,7 @@ def evaluate(summary: list[dict[str, Any]], gate: Gate, reference: list[dict[str
         for method, limit in gate.thresholds[key].items():
             rows = [r for r in summary if r["method"] == method]
             if limit is None:
-                checks.append(Check("skip", method, f"{key}: null, not checked"))
+                checks.append(Check("skip", method, f"{key}: null (switched off)"))
                 continue
             if not rows:
                 checks.append(Check("skip", method, f"{key}: no runs in the summary (not a violation)"))

@@ -571,6 +571,7 @@ def saving_figure(summary: list[dict[str, Any]]) -> Figure:
             ax.plot([x - 0.2 for x, _ in planned], [p for _, p in planned], "kD", ms=6, label="planned (ours)")
         ax.axhline(0, color="0.2", lw=0.8)
         ax.set_xticks(list(xs), labels, fontsize=9)
+        ax.set_xlim(-0.7, len(shown) - 0.3)
         ax.set(title=f"{study} study", ylabel="time saved (%)")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=9)
