@@ -1,18 +1,77 @@
-"""Collect every run of the grid and summarise it: one row a run, means over seeds."""
+"""Collect every run of the grid and summarise it per (study, dataset, model, method), over seeds, beside the papers.
+
+Each method run is paired by seed with the baseline of its study (same recipe, same seed): accuracy delta, time saved
+and sample-passes saved are computed per pair, then averaged. Every statistic has a mean, a standard deviation (2+
+seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`, `<name>_std`, `<name>_ci95`.
+"""
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import itertools
 import json
+import math
 import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cheaptrain import UserError
 
 KEY = ("study", "dataset", "model", "method")
+BASELINE = "baseline"
+REQUIRED_METRICS = ("final_acc", "best_acc", "best3_acc", "train_time_s", "total_trained_samples", "epochs")
+PAPER_MEASURE = {"dfp": "best3_acc", "wus": "final_acc"}  # the accuracy each paper reports (methods.md)
+MEASURES = ("final_acc", "best3_acc")
+
+# t_{0.975, df} for df = 1..30; beyond that the normal 1.96
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+STATS = (  # statistics with mean, sd and interval; the paired ones only on method rows
+    "acc", "final_acc", "best3_acc", "train_time_s", "acc_delta", "time_saving_pct", "sample_saving_pct",
+    "planned_saving_pct", "updated_params_reduction_pct",
+)  # fmt: skip
+MEANS = ("overhead_s", "pruning_epochs", "pruned_samples_total", "skip_epochs", "normal_epochs", "wall_time_s")
+PUBLISHED = (  # the paper's figure beside ours, and ours minus the paper's
+    "paper_acc", "acc_vs_paper", "paper_acc_delta", "acc_delta_vs_paper", "paper_train_time_s", "paper_overhead_s",
+    "paper_time_saving_pct", "time_saving_vs_paper", "paper_updated_params_reduction_pct",
+    "updated_params_reduction_vs_paper",
+)  # fmt: skip
+SUMMARY_COLUMNS = (
+    *KEY,
+    "seeds",
+    "epochs",
+    "recipe",
+    "acc_measure",
+    *(f"{s}_{part}" for s in STATS for part in ("mean", "std", "ci95")),
+    *(f"{m}_mean" for m in MEANS),
+    *PUBLISHED,
+    "mlflow_run_ids",
+)
+PUBLISHED_COLUMNS = ("paper", "table", "dataset", "model", "method", "metric", "value", "unit", "note")
+
+
+@dataclass
+class Run:
+    study: str
+    dataset: str
+    model: str
+    method: str
+    seed: int
+    metrics: dict[str, float]
+    history: list[dict[str, float]]  # one row per epoch, every column as a number
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved configuration from run.json
+    mlflow_run_id: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.dataset}-{self.model}-{self.method}-s{self.seed}"
 
 
 def grid_runs(params: dict[str, Any]) -> Iterator[tuple[str, str, str, str, int]]:
@@ -24,54 +83,228 @@ def grid_runs(params: dict[str, Any]) -> Iterator[tuple[str, str, str, str, int]
         )
 
 
-def collect(params: dict[str, Any], runs_root: Path = Path("runs")) -> list[dict[str, Any]]:
-    rows = []
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_run(folder: Path, study: str, dataset: str, model: str, method: str, seed: int) -> Run:
+    """One finished run; a UserError names the file and what is wrong with it."""
+    try:
+        metrics = json.loads((folder / "metrics.json").read_text())
+        info = json.loads((folder / "run.json").read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{folder}: a JSON file is malformed ({e}); rerun the run with `dvc repro`") from e
+    if not isinstance(metrics, dict) or not isinstance(info, dict):
+        raise UserError(f"{folder}: metrics.json and run.json must each hold a JSON object")
+    bad = [k for k in REQUIRED_METRICS if not _number(metrics.get(k))]
+    if bad:
+        raise UserError(f"{folder}/metrics.json: missing or not a finite number: {', '.join(bad)}")
+    with open(folder / "history.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "epoch" not in rows[0] or "test_acc" not in rows[0]:
+        raise UserError(f"{folder}/history.csv: needs a header with epoch and test_acc and one row per epoch")
+    history = []
+    for i, row in enumerate(rows, 2):
+        try:
+            history.append({k: float(v) for k, v in row.items() if v not in ("", None)})
+        except ValueError as e:
+            raise UserError(f"{folder}/history.csv line {i}: {e}") from e
+    numbers = {k: v for k, v in metrics.items() if _number(v)}
+    config, run_id = info.get("config") or {}, info.get("mlflow_run_id") or ""
+    return Run(study, dataset, model, method, seed, numbers, history, config, run_id)
+
+
+def collect(params: dict[str, Any], runs_root: Path = Path("runs")) -> list[Run]:
+    """Every run of the grid; a UserError lists every run that has not finished."""
+    found, missing = [], []
     for study, dataset, model, method, seed in grid_runs(params):
-        path = runs_root / study / f"{dataset}-{model}-{method}-s{seed}" / "metrics.json"
-        if not path.is_file():
-            raise UserError(f"{path} is missing: that run has not finished (run `dvc repro` to train it)")
-        metrics = json.loads(path.read_text())
-        rows.append({"study": study, "dataset": dataset, "model": model, "method": method, "seed": seed} | metrics)
-    return rows
-
-
-def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean of every metric over seeds, per (study, dataset, model, method)."""
-    summary = []
-    for key, group in itertools.groupby(
-        sorted(rows, key=lambda r: [r[k] for k in KEY]), key=lambda r: [r[k] for k in KEY]
-    ):
-        group = list(group)
-        metrics = [k for k in group[0] if k not in (*KEY, "seed")]
-        summary.append(
-            dict(zip(KEY, key, strict=True))
-            | {"seeds": len(group)}
-            | {m: statistics.fmean(r[m] for r in group) for m in metrics}
+        folder = runs_root / study / f"{dataset}-{model}-{method}-s{seed}"
+        if all((folder / f).is_file() for f in ("metrics.json", "history.csv", "run.json")):
+            found.append((folder, study, dataset, model, method, seed))
+        else:
+            missing.append(str(folder))
+    if missing:
+        raise UserError(
+            f"{len(missing)} run(s) of the grid have not finished (no metrics.json, history.csv and run.json): "
+            f"{', '.join(missing)}. Train them with `dvc repro`."
         )
+    if not found:
+        raise UserError("the grid in params.yaml trains no runs: nothing to aggregate")
+    return [read_run(*args) for args in found]
+
+
+def t975(n: int) -> float:
+    """The 97.5% quantile of Student's t with n-1 degrees of freedom."""
+    return T975[n - 2] if n - 1 <= len(T975) else 1.96
+
+
+def describe(values: list[float]) -> tuple[float, float | None, float | None]:
+    """Mean, sample standard deviation (2+ values) and 95% interval half-width t*sd/sqrt(n) (3+ values)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values) if n >= 2 else None
+    ci = t975(n) * sd / math.sqrt(n) if n >= 3 and sd is not None else None
+    return mean, sd, ci
+
+
+def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
+    """Params `aggregate.accuracy`: per study, the measure its tables and the gate use (default: the paper's)."""
+    chosen = (params.get("aggregate") or {}).get("accuracy") or {}
+    if not isinstance(chosen, dict):
+        raise UserError(f"aggregate.accuracy: must map study to one of {', '.join(MEASURES)}")
+    bad = [f"aggregate.accuracy.{s}: {m!r}" for s, m in chosen.items() if m not in MEASURES]
+    if bad:
+        raise UserError(f"{'; '.join(bad)} is not accepted; accepted: {' | '.join(MEASURES)}")
+    return {study: chosen.get(study, PAPER_MEASURE.get(study, "final_acc")) for study in params.get("grid") or {}}
+
+
+def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per (study, dataset, model, method): statistics over seeds, methods paired by seed with the baseline."""
+    baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
+    summary = []
+    for key, group in itertools.groupby(sorted(runs, key=_order), key=lambda r: tuple(getattr(r, k) for k in KEY)):
+        group = list(group)
+        study, method = key[0], key[3]
+        measure = measures.get(study, PAPER_MEASURE.get(study, "final_acc"))
+        row: dict[str, Any] = dict(zip(KEY, key, strict=True)) | {
+            "seeds": len(group),
+            "epochs": int(statistics.fmean(r.metrics["epochs"] for r in group)),
+            "recipe": recipe_id(group[0].config.get("recipe")),
+            "acc_measure": measure,
+        }
+        values = {name: [r.metrics.get(name) for r in group] for name in ("final_acc", "best3_acc", "train_time_s")}
+        values["acc"] = [r.metrics[measure] for r in group]
+        for name in ("planned_saving_pct", "updated_params_reduction_pct"):
+            values[name] = [r.metrics.get(name) for r in group]
+        partners = [baselines.get((r.study, r.dataset, r.model, r.seed)) for r in group]
+        if method != BASELINE and all(partners):
+            pairs = list(zip(group, partners, strict=True))
+            values["acc_delta"] = [r.metrics[measure] - b.metrics[measure] for r, b in pairs]
+            values["time_saving_pct"] = [_saving(r, b, "train_time_s") for r, b in pairs]
+            values["sample_saving_pct"] = [_saving(r, b, "total_trained_samples") for r, b in pairs]
+        for name, vals in values.items():
+            if vals and all(v is not None for v in vals):
+                for part, value in zip(("mean", "std", "ci95"), describe(vals), strict=True):
+                    row[f"{name}_{part}"] = value
+        for name in MEANS:
+            if all(name in r.metrics for r in group):
+                row[f"{name}_mean"] = statistics.fmean(r.metrics[name] for r in group)
+        row["mlflow_run_ids"] = " ".join(r.mlflow_run_id for r in group)
+        summary.append(row)
     return summary
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+def recipe_id(recipe: dict[str, Any] | None) -> str:
+    """A short fingerprint of the training recipe: results of different recipes are not compared with each other."""
+    return hashlib.sha256(json.dumps(recipe or {}, sort_keys=True).encode()).hexdigest()[:10] if recipe else ""
 
 
-def report_markdown(summary: list[dict[str, Any]]) -> str:
-    lines = [
-        "# Results",
-        "",
-        "Mean over seeds of each configuration of the grid.",
-        "",
-        "| study | dataset | model | method | seeds | final acc % | best-3 acc % | train time s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in summary:
-        lines.append(
-            f"| {r['study']} | {r['dataset']} | {r['model']} | {r['method']} | {r['seeds']} | "
-            f"{r['final_acc']:.2f} | {r['best3_acc']:.2f} | {r['train_time_s']:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
+def _order(run: Run) -> tuple:
+    return (run.study, run.dataset, run.model, run.method != BASELINE, run.method, run.seed)  # baseline first
+
+
+def _saving(run: Run, baseline: Run, metric: str) -> float:
+    return 100 * (1 - run.metrics[metric] / baseline.metrics[metric]) if baseline.metrics[metric] else math.nan
+
+
+def load_published(path: Path) -> dict[tuple[str, str, str, str, str], float]:
+    """Every cell of the papers' tables: (paper, dataset, model, method, metric) -> value."""
+    if not path.is_file():
+        raise UserError(f"{path} not found: the papers' published figures (copy of ../shared/papers/)")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if tuple(reader.fieldnames or ()) != PUBLISHED_COLUMNS:
+            raise UserError(f"{path}: columns must be {','.join(PUBLISHED_COLUMNS)}, got {reader.fieldnames}")
+        cells = {}
+        for i, row in enumerate(reader, 2):
+            try:
+                value = float(row["value"])
+            except ValueError as e:
+                raise UserError(f"{path} line {i}: value {row['value']!r} is not a number") from e
+            cells[(row["paper"], row["dataset"], row["model"], row["method"], row["metric"])] = value
+    return cells
+
+
+def add_published(summary: list[dict[str, Any]], published: dict[tuple, float]) -> list[dict[str, Any]]:
+    """Beside each row, the paper's figure for the same study, dataset, model and method, and the difference."""
+    out = []
+    for row in summary:
+
+        def cell(method: str, *metrics: str, row: dict[str, Any] = row) -> float | None:
+            found = [published.get((row["study"], row["dataset"], row["model"], method, m)) for m in metrics]
+            return next((v for v in found if v is not None), None)
+
+        accuracy = ("accuracy_best3", "accuracy")  # DFP Table 2, WUS Table 2
+        paper = {
+            "paper_acc": cell(row["method"], *accuracy),
+            "paper_train_time_s": cell(row["method"], "train_time"),
+            "paper_overhead_s": cell(row["method"], "overhead"),
+            "paper_time_saving_pct": cell(row["method"], "time_saving"),
+            "paper_updated_params_reduction_pct": cell(row["method"], "updated_params_reduction"),
+        }
+        paper_baseline = cell(BASELINE, *accuracy)
+        if row["method"] != BASELINE and paper["paper_acc"] is not None and paper_baseline is not None:
+            paper["paper_acc_delta"] = paper["paper_acc"] - paper_baseline
+        for ours, theirs, diff in (
+            ("acc_mean", "paper_acc", "acc_vs_paper"),
+            ("acc_delta_mean", "paper_acc_delta", "acc_delta_vs_paper"),
+            ("time_saving_pct_mean", "paper_time_saving_pct", "time_saving_vs_paper"),
+            (
+                "updated_params_reduction_pct_mean",
+                "paper_updated_params_reduction_pct",
+                "updated_params_reduction_vs_paper",
+            ),
+        ):
+            if row.get(ours) is not None and paper.get(theirs) is not None:
+                paper[diff] = row[ours] - paper[theirs]
+        out.append(row | {k: v for k, v in paper.items() if v is not None})
+    return out
+
+
+def summary_csv(summary: list[dict[str, Any]]) -> str:
+    """The summary as CSV with a fixed set of columns (empty where a figure does not apply), 4 decimals."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=SUMMARY_COLUMNS, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in summary:
+        writer.writerow({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items() if v is not None})
+    return out.getvalue()
+
+
+def read_summary(path: Path) -> list[dict[str, Any]]:
+    """A summary.csv back as rows: numbers as floats, empty cells left out; a UserError if it is not a summary."""
+    if not path.is_file():
+        raise UserError(f"{path} not found: run the aggregate stage first (`dvc repro aggregate`)")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in (*KEY, "seeds", "acc_measure", "acc_mean") if c not in (reader.fieldnames or ())]
+        if missing:
+            raise UserError(f"{path} is not a summary written by the aggregate stage: no column {', '.join(missing)}")
+        rows = []
+        for i, raw in enumerate(reader, 2):
+            row: dict[str, Any] = {}
+            for k, v in raw.items():
+                if v in ("", None):
+                    continue
+                if k in (*KEY, "recipe", "acc_measure", "mlflow_run_ids"):
+                    row[k] = v
+                    continue
+                try:
+                    row[k] = float(v)
+                except ValueError as e:
+                    raise UserError(f"{path} line {i}: column {k}: {v!r} is not a number") from e
+            if any(k not in row for k in (*KEY, "acc_mean")):
+                raise UserError(f"{path} line {i}: a row needs {', '.join(KEY)} and acc_mean")
+            rows.append(row)
+    return rows
+
+
+def headline(summary: list[dict[str, Any]]) -> dict[str, Any]:
+    """results/metrics.json for `dvc metrics show`: per study and configuration, the figures a reader compares."""
+    keep = ("acc", "acc_delta", "train_time_s", "time_saving_pct", "planned_saving_pct", "updated_params_reduction_pct")
+    metrics: dict[str, Any] = {}
+    for row in summary:
+        name = f"{row['dataset']}-{row['model']}-{row['method']}"
+        figures = {k: round(row[f"{k}_mean"], 4) for k in keep if row.get(f"{k}_mean") is not None}
+        metrics.setdefault(row["study"], {})[name] = figures
+    return metrics

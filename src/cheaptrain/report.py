@@ -1,0 +1,711 @@
+"""The reader's view of the summary: the papers' tables with our figures beside theirs, findings, figures, MLflow.
+
+Outputs under results/ (the aggregate stage): report.md, figures/*.png, curves/<study>-<dataset>-<model>-<method>.csv
+(per-epoch means over seeds, for `dvc plots`), and one MLflow run in the experiment `aggregate`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import math
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from cheaptrain import UserError
+from cheaptrain.aggregate import (
+    BASELINE,
+    KEY,
+    PAPER_MEASURE,
+    Run,
+    accuracy_measures,
+    add_published,
+    collect,
+    headline,
+    load_published,
+    summarize,
+    summary_csv,
+)
+
+MLFLOW_EXPERIMENT = "aggregate"
+MEASURE_LABEL = {"best3_acc": "mean of the best three test accuracies", "final_acc": "final-epoch test accuracy"}
+MEASURE_SHORT = {"best3_acc": "best-3 acc %", "final_acc": "final acc %"}
+PAPERS = {  # what the papers ran, to say where this run's setting differs (docs: methods.md, the papers' Sec. 4/5)
+    "dfp": {
+        "title": "Data Fine-Pruning (Li et al.)",
+        "hardware": "GPU: NVIDIA GTX 1080 Ti",
+        "runs": "not stated",
+        "recipe": {"epochs": 200, "batch_size": 128, "lr": 0.1, "schedule": "multistep", "milestones": [60, 120, 160],
+                   "gamma": 0.2, "momentum": 0.9, "weight_decay": 5e-4, "augment": True},
+    },
+    "wus": {
+        "title": "Weight Update Skipping (Safayenikoo & Akturk)",
+        "hardware": "CPU: Intel Xeon E5-2680 v4, 10 cores",
+        "runs": 15,
+        "recipe": {"epochs": 200, "batch_size": 128, "lr": 0.1, "schedule": "step", "step_size": 30, "gamma": 0.1,
+                   "momentum": 0.9, "weight_decay": 1e-4, "augment": False},
+    },
+}  # fmt: skip
+COLORS = {"baseline": "0.25", "dfp": "tab:blue", "random_prune": "tab:orange", "wus": "tab:green", "wus_lr": "tab:red"}
+FIGURES = ("test_acc.png", "acc_vs_time.png", "pruned_samples.png", "wus_phases.png", "time_saving.png")
+NOT_IN_PAPER = "not in the paper"
+
+
+# ---------------------------------------------------------------------------------------------------- numbers
+
+
+def _fmt(value: float | None, digits: int = 2, sign: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def stat(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -> str:
+    """'mean ± ci95' with 3+ seeds, 'mean (sd x)' with 2, 'mean' with 1, '—' when the figure does not apply."""
+    mean = row.get(f"{name}_mean")
+    if mean is None:
+        return "—"
+    text = _fmt(mean, digits, sign)
+    if row.get(f"{name}_ci95") is not None:
+        return f"{text} ± {row[f'{name}_ci95']:.{digits}f}"
+    if row.get(f"{name}_std") is not None:
+        return f"{text} (sd {row[f'{name}_std']:.{digits}f})"
+    return text
+
+
+def paper(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -> str:
+    """The paper's figure; '—' where it cannot apply (a baseline's saving or delta), else 'not in the paper'."""
+    if row.get(name) is not None:
+        return _fmt(row[name], digits, sign)
+    if row["method"] == BASELINE and name not in ("paper_acc", "paper_train_time_s"):
+        return "—"
+    return NOT_IN_PAPER
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+
+@dataclass
+class Table:
+    slug: str  # file name in MLflow: tables/<slug>.json
+    title: str
+    note: str
+    headers: list[str]
+    rows: list[list[str]]
+
+    def markdown(self) -> str:
+        table = md_table(self.headers, self.rows) + "\n\n" if self.rows else ""
+        return f"### {self.title}\n\n{table}{self.note}\n"
+
+    def columns(self) -> dict[str, list[str]]:
+        return {h: [r[i] for r in self.rows] for i, h in enumerate(self.headers)}
+
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+ID: list[Column] = [
+    ("dataset", lambda r: r["dataset"]),
+    ("model", lambda r: r["model"]),
+    ("method", lambda r: r["method"]),
+    ("seeds", lambda r: str(int(r["seeds"]))),
+]
+TIME_NOTE = (
+    "Times in seconds are this machine's, the paper's come from other hardware and 200 epochs: compare the savings "
+    "(time saved = 100·(1 − method / baseline training time), paired by seed), not the seconds. "
+)
+
+
+def accuracy_columns(measure: str) -> list[Column]:
+    return [
+        (MEASURE_SHORT[measure], lambda r: stat(r, "acc")),
+        ("paper %", lambda r: paper(r, "paper_acc")),
+        ("acc diff", lambda r: _fmt(r.get("acc_vs_paper"), sign=True)),
+        ("Δ vs baseline", lambda r: stat(r, "acc_delta", sign=True)),
+        ("paper Δ", lambda r: paper(r, "paper_acc_delta", sign=True)),
+        ("Δ diff", lambda r: _fmt(r.get("acc_delta_vs_paper"), sign=True)),
+    ]
+
+
+def time_columns(with_pruning: bool) -> list[Column]:
+    columns: list[Column] = [
+        ("train time s", lambda r: stat(r, "train_time_s", 1)),
+        ("paper s", lambda r: paper(r, "paper_train_time_s", 0)),
+    ]
+    if with_pruning:
+        columns += [
+            ("overhead s", lambda r: _fmt(r.get("overhead_s_mean"), 1)),
+            ("paper overhead s", lambda r: paper(r, "paper_overhead_s")),
+            ("planned saving %", lambda r: stat(r, "planned_saving_pct", 1)),
+            ("samples saved %", lambda r: stat(r, "sample_saving_pct", 1)),
+        ]
+    return [
+        *columns,
+        ("time saved %", lambda r: stat(r, "time_saving_pct", 1)),
+        ("paper %", lambda r: paper(r, "paper_time_saving_pct")),
+        ("diff", lambda r: _fmt(r.get("time_saving_vs_paper"), 1, sign=True)),
+    ]
+
+
+ACC_NOTE = (
+    "Accuracy in %, mean over seeds; ± is the 95% t-interval over seeds (3+ seeds), (sd) the standard deviation (2 "
+    "seeds). Δ: method minus the baseline of the same recipe and seed, in points; diff: ours minus the paper's."
+)
+PRUNING_NOTE = "Planned saving: the sample-passes the pruning schedule leaves out; samples saved: the measured ones."
+PARAMS_COLUMNS: list[Column] = [
+    ("skip epochs", lambda r: _fmt(r.get("skip_epochs_mean"), 1)),
+    ("normal epochs", lambda r: _fmt(r.get("normal_epochs_mean"), 1)),
+    ("reduction %", lambda r: stat(r, "updated_params_reduction_pct", 1)),
+    ("paper %", lambda r: paper(r, "paper_updated_params_reduction_pct", 0)),
+    ("diff", lambda r: _fmt(r.get("updated_params_reduction_vs_paper"), 1, sign=True)),
+]
+PARAMS_NOTE = "N = E_skip·b + E_normal·(b + w), against a baseline that updates every parameter every epoch."
+
+
+def paper_tables(summary: list[dict[str, Any]]) -> list[Table]:
+    """The papers' tables (DFP 1-2, WUS 1-3) with our figure, the published one and the difference in each."""
+    tables = []
+    for study, rows in itertools.groupby(summary, key=lambda r: r["study"]):
+        rows = list(rows)
+        accuracy = f"accuracy ({MEASURE_LABEL[rows[0]['acc_measure']]})"
+        acc_columns = accuracy_columns(rows[0]["acc_measure"])
+        specs = {  # (file name, title, columns, note)
+            "dfp": [
+                ("table1", "DFP Table 1: training time", time_columns(True), TIME_NOTE + PRUNING_NOTE),
+                ("table2", f"DFP Table 2: {accuracy}", acc_columns, ACC_NOTE),
+            ],
+            "wus": [
+                ("table1", "WUS Table 1: training time", time_columns(False), TIME_NOTE),
+                ("table2", f"WUS Table 2: {accuracy}", acc_columns, ACC_NOTE),
+                ("table3", "WUS Table 3: reduction of updated parameters (Eq. 1)", PARAMS_COLUMNS, PARAMS_NOTE),
+            ],
+        }.get(study) or [  # a study from neither paper
+            ("time", f"{study}: training time", time_columns(False), TIME_NOTE),
+            ("accuracy", f"{study}: {accuracy}", acc_columns, ACC_NOTE),
+        ]
+        for slug, title, columns, note in specs:
+            shown = [r for r in rows if r["method"] != BASELINE] if columns is PARAMS_COLUMNS else rows
+            if not shown:
+                note = f"No method runs of this study in the grid yet. {note}"
+            cells = [[f(r) for _, f in ID + columns] for r in shown]
+            tables.append(Table(f"{study}_{slug}", title, note, [h for h, _ in ID + columns], cells))
+    return tables
+
+
+# ---------------------------------------------------------------------------------------------------- findings
+
+
+def setting_differences(
+    runs: list[Run], devices: dict[str, str], published: set[tuple[str, str, str]], measures: dict[str, str]
+) -> dict[str, list[str]]:
+    """Per study, every way this setting differs from the paper's: recipe, models, seeds, hardware, accuracy measure.
+    `published`: the (study, dataset, model) that the papers' tables have."""
+    out: dict[str, list[str]] = {}
+    for study, group in itertools.groupby(sorted(runs, key=lambda r: r.study), key=lambda r: r.study):
+        group = list(group)
+        the_paper = PAPERS.get(study)
+        if the_paper is None:
+            out[study] = [f"study {study!r} is from neither paper: nothing published to compare with"]
+            continue
+        diffs = []
+        recipe = group[0].config.get("recipe") or {}
+        for key, theirs in the_paper["recipe"].items():
+            ours = list(recipe[key]) if isinstance(recipe.get(key), tuple | list) else recipe.get(key)
+            irrelevant = (
+                key in ("milestones", "step_size") and recipe.get("schedule") != the_paper["recipe"]["schedule"]
+            )
+            if key in recipe and ours != theirs and not irrelevant:
+                diffs.append(f"{key} {ours} (paper: {theirs})")
+        extra = sorted({(r.dataset, r.model) for r in group if (study, r.dataset, r.model) not in published})
+        diffs += [f"{model} on {dataset} is {NOT_IN_PAPER}" for dataset, model in extra]
+        seeds = len({r.seed for r in group})
+        if isinstance(the_paper["runs"], int) and seeds != the_paper["runs"]:
+            diffs.append(f"{seeds} seed(s) per configuration (paper: mean of {the_paper['runs']} runs)")
+        hardware = sorted({devices.get(r.mlflow_run_id) or "an unknown device" for r in group})
+        diffs.append(f"trained on {', '.join(hardware)} (paper: {the_paper['hardware']})")
+        if measures.get(study, PAPER_MEASURE[study]) != PAPER_MEASURE[study]:
+            diffs.append(f"accuracy measure: not the paper's ({MEASURE_LABEL[PAPER_MEASURE[study]]})")
+        out[study] = diffs
+    return out
+
+
+def findings(summary: list[dict[str, Any]], agree: dict[str, float]) -> list[str]:
+    """What matches the papers and what does not, one line per configuration, plus DFP against its random control."""
+    lines = []
+    rows = {tuple(r[k] for k in KEY): r for r in summary}
+    for row in summary:
+        where = f"{row['study'].upper()} {row['dataset']}/{row['model']}/{row['method']}"
+        if row["method"] == BASELINE:
+            if row.get("paper_acc") is not None:
+                lines.append(
+                    f"{where}: {stat(row, 'acc')}% against the paper's {row['paper_acc']:.2f}% "
+                    f"({row['acc_vs_paper']:+.2f} points)."
+                )
+            else:
+                lines.append(f"{where}: {stat(row, 'acc')}%; this configuration is {NOT_IN_PAPER}.")
+            continue
+        parts = []
+        for ours, theirs, what, tol, unit in (
+            ("acc_delta", "paper_acc_delta", "accuracy Δ", agree["acc_points"], " points"),
+            ("time_saving_pct", "paper_time_saving_pct", "time saved", agree["saving_points"], "%"),
+            (
+                "updated_params_reduction_pct",
+                "paper_updated_params_reduction_pct",
+                "updated-parameter reduction",
+                agree["saving_points"],
+                "%",
+            ),
+        ):
+            value, published = row.get(f"{ours}_mean"), row.get(theirs)
+            if value is None:
+                continue
+            if published is None:
+                parts.append(f"{what} {value:+.2f}{unit} ({NOT_IN_PAPER})")
+                continue
+            margin = max(tol, row.get(f"{ours}_ci95") or 0)
+            gap = value - published
+            verdict = "matches" if abs(gap) <= margin else f"does NOT match ({gap:+.2f}, beyond ±{margin:.2f})"
+            parts.append(f"{what} {value:+.2f}{unit} vs the paper's {published:+.2f}{unit}: {verdict}")
+        dfp = rows.get((row["study"], row["dataset"], row["model"], "dfp"), {})
+        if row["method"] == "random_prune" and None not in (dfp.get("acc_delta_mean"), row.get("acc_delta_mean")):
+            gain = dfp["acc_delta_mean"] - row["acc_delta_mean"]
+            parts.append(
+                f"DFP's selection against this random control: {gain:+.2f} points of accuracy at "
+                f"{_fmt(dfp.get('time_saving_pct_mean'), 1)}% vs {_fmt(row.get('time_saving_pct_mean'), 1)}% "
+                "time saved"
+            )
+        lines.append(f"{where}: " + ("; ".join(parts) if parts else "no baseline to compare with") + ".")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------- markdown
+
+
+def report_markdown(
+    summary: list[dict[str, Any]],
+    runs: list[Run],
+    devices: dict[str, str],
+    published: set[tuple[str, str, str]],
+    agree: dict[str, float],
+    tables: list[Table],
+) -> str:
+    """results/report.md: readable on its own (setup, differences from the papers, tables, findings, figures)."""
+    measures = {r["study"]: r["acc_measure"] for r in summary}
+    differences = setting_differences(runs, devices, published, measures)
+    lines = [
+        "# Results: cheaper CIFAR training, reproduced",
+        "",
+        f"{len(runs)} runs in `runs/`, summarised over seeds by the `aggregate` stage, beside the figures the papers "
+        "publish (`data/published_results.csv`). Regenerate with `dvc repro`; the numbers are in "
+        "`results/summary.csv`, the headline figures in `results/metrics.json`; the regression gate (stage `check`, "
+        "README) reads the summary and writes `results/check.json`.",
+        "",
+        "## Setup",
+        "",
+        "| study | paper | datasets | models | methods | seeds | epochs | accuracy measure |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for study, group in itertools.groupby(sorted(runs, key=lambda r: r.study), key=lambda r: r.study):
+        group = list(group)
+        measure = next(r["acc_measure"] for r in summary if r["study"] == study)
+        names = {a: ", ".join(dict.fromkeys(getattr(r, a) for r in group)) for a in ("dataset", "model", "method")}
+        lines.append(
+            f"| {study} | {PAPERS.get(study, {}).get('title', '—')} | {names['dataset']} | {names['model']} | "
+            f"{names['method']} | {len({r.seed for r in group})} | {int(group[0].metrics['epochs'])} | "
+            f"{MEASURE_LABEL[measure]} |"
+        )
+    lines += ["", "### Where this setting differs from the papers'", ""]
+    for study, diffs in differences.items():
+        lines.append(f"- **{study}**: " + ("; ".join(diffs) if diffs else "the paper's setting") + ".")
+    beyond_hardware = any(not d.startswith("trained on") for diffs in differences.values() for d in diffs)
+    lines += [
+        "",
+        "**This is not the papers' setting** (above): differences from the published figures are expected; they say "
+        "how far this run is from the paper, not whether the paper holds."
+        if beyond_hardware
+        else "The papers' recipes and models; only the hardware differs, so compare savings in percent.",
+    ]
+    lines += ["", "## The papers' tables, with ours", ""]
+    lines += [t.markdown() for t in tables]
+    lines += [
+        "## What matches the papers and what does not",
+        "",
+        f"A figure matches when it lies within ±{agree['acc_points']:g} points (accuracy Δ) or "
+        f"±{agree['saving_points']:g} points (savings) of the paper's, or within our 95% interval when that is "
+        "wider (params `aggregate.agree_within`).",
+        "",
+    ]
+    lines += [f"- {line}" for line in findings(summary, agree)]
+    if all(r["method"] == BASELINE for r in summary):
+        lines.append("- Only baselines in this grid: no method to compare with the papers yet.")
+    lines += ["", "## Figures", ""]
+    titles = {
+        "test_acc.png": "Test accuracy per epoch",
+        "acc_vs_time.png": "Test accuracy against cumulative training time",
+        "pruned_samples.png": "Samples pruned per epoch (DFP and its random control)",
+        "wus_phases.png": "WUS phases over epochs",
+        "time_saving.png": "Time saved per method, beside the paper's",
+    }
+    lines += [f"![{titles[f]}](figures/{f})\n" for f in FIGURES]
+    lines += [
+        "## Runs",
+        "",
+        "| study | run | final acc % | best-3 acc % | train time s | MLflow run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r.study, r.name)):
+        lines.append(
+            f"| {r.study} | {r.name} | {r.metrics['final_acc']:.2f} | {r.metrics['best3_acc']:.2f} | "
+            f"{r.metrics['train_time_s']:.1f} | `{r.mlflow_run_id or '—'}` |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- curves, figures
+
+
+def configurations(runs: list[Run]) -> dict[tuple[str, str, str, str], list[Run]]:
+    """Runs per (study, dataset, model, method), baseline first in each panel, seeds in order."""
+    order = sorted(runs, key=lambda r: (r.study, r.dataset, r.model, r.method != BASELINE, r.method, r.seed))
+    return {k: list(g) for k, g in itertools.groupby(order, key=lambda r: (r.study, r.dataset, r.model, r.method))}
+
+
+def mean_curve(group: list[Run]) -> list[dict[str, float]]:
+    """Per epoch, the mean over seeds of every history column all the runs have, plus cum_train_s."""
+    epochs = min(len(r.history) for r in group)
+    columns = [c for c in group[0].history[0] if all(c in r.history[0] for r in group)]
+    curve = []
+    for i in range(epochs):
+        row = {c: statistics.fmean(r.history[i][c] for r in group if c in r.history[i]) for c in columns}
+        row["cum_train_s"] = statistics.fmean(sum(h["epoch_train_s"] for h in r.history[: i + 1]) for r in group)
+        curve.append(row)
+    return curve
+
+
+def curves_csv(group: list[Run]) -> str:
+    curve = mean_curve(group)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(curve[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: round(v, 4) for k, v in row.items()} for row in curve)
+    return out.getvalue()
+
+
+def _panels(n: int, title: str, width: float = 5.2, height: float = 3.8, cols: int = 0) -> tuple[Figure, list]:
+    """A figure of n panels, at most 3 a row (2 for 4), with a title; unused panels hidden."""
+    n = max(n, 1)
+    cols = cols or (2 if n == 4 else min(3, n))
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(width * cols, height * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=13)
+    return fig, axes
+
+
+def _empty(title: str, text: str) -> Figure:
+    fig, (ax,) = _panels(1, title, 6.5, 2.6)
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=11, color="0.3")
+    ax.set_axis_off()
+    return fig
+
+
+def _color(method: str) -> str:
+    return COLORS.get(method, f"C{5 + sum(map(ord, method)) % 5}")
+
+
+def curve_figure(runs: list[Run], x: str, xlabel: str, title: str) -> Figure:
+    """Test accuracy (mean over seeds, ±1 sd band) against `x`, one panel per study, dataset and model."""
+    configs = configurations(runs)
+    panels = sorted({k[:3] for k in configs})
+    fig, axes = _panels(len(panels), title)
+    for ax, panel in zip(axes, panels, strict=False):
+        for key, group in configs.items():
+            if key[:3] != panel:
+                continue
+            curve = mean_curve(group)
+            xs = [row[x] for row in curve]
+            acc = [row["test_acc"] for row in curve]
+            label = f"{key[3]} ({len(group)} seed{'s' * (len(group) > 1)})"
+            ax.plot(xs, acc, color=_color(key[3]), label=label, lw=1.8, marker="o" if len(xs) <= 20 else None, ms=3)
+            if len(group) > 1:
+                sd = [statistics.stdev(r.history[i]["test_acc"] for r in group) for i in range(len(curve))]
+                ax.fill_between(
+                    xs,
+                    [a - s for a, s in zip(acc, sd, strict=True)],
+                    [a + s for a, s in zip(acc, sd, strict=True)],
+                    color=_color(key[3]),
+                    alpha=0.15,
+                )
+        ax.set(title=f"{panel[0]} study · {panel[1]} · {panel[2]}", xlabel=xlabel, ylabel="test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9, loc="lower right")
+    return fig
+
+
+def pruned_figure(runs: list[Run]) -> Figure:
+    title = "Samples pruned per epoch (mean over seeds)"
+    configs = {k: g for k, g in configurations(runs).items() if all("pruned_samples" in r.history[0] for r in g)}
+    if not configs:
+        return _empty(title, "No dfp or random_prune runs in this grid yet: nothing pruned to show.")
+    panels = sorted({k[:3] for k in configs})
+    fig, axes = _panels(len(panels), title)
+    for ax, panel in zip(axes, panels, strict=False):
+        for key, group in configs.items():
+            if key[:3] == panel:
+                curve = mean_curve(group)
+                total = statistics.fmean(sum(h["pruned_samples"] for h in r.history) for r in group)
+                ax.step(
+                    [r["epoch"] for r in curve],
+                    [r["pruned_samples"] for r in curve],
+                    where="mid",
+                    color=_color(key[3]),
+                    label=f"{key[3]} ({total:,.0f} in all)",
+                    lw=1.6,
+                )
+        ax.set(title=f"{panel[0]} study · {panel[1]} · {panel[2]}", xlabel="epoch", ylabel="samples left out")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9)
+    return fig
+
+
+def phases_figure(runs: list[Run]) -> Figure:
+    """Per WUS run (first seed): test accuracy with the skip epochs shaded, the baseline's and the lr drops."""
+    title = "WUS phases: skip epochs (shaded) update only the last layer's bias"
+    configs = {k: g for k, g in configurations(runs).items() if all("phase" in r.history[0] for r in g)}
+    if not configs:
+        return _empty(title, "No wus or wus_lr runs in this grid yet: no phases to show.")
+    baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
+    fig, axes = _panels(len(configs), title)
+    for ax, (key, group) in zip(axes, configs.items(), strict=False):
+        run = group[0]
+        epochs = [h["epoch"] for h in run.history]
+        skip = [h["epoch"] for h in run.history if h["phase"] >= 0.5]
+        for i, e in enumerate(skip):
+            ax.axvspan(e - 0.5, e + 0.5, color=_color(key[3]), alpha=0.15, lw=0, label="skip epoch" if i == 0 else None)
+        drops = [h["epoch"] - 0.5 for prev, h in itertools.pairwise(run.history) if h["lr"] != prev["lr"]]
+        for i, e in enumerate(drops):
+            ax.axvline(e, color="0.4", ls=":", lw=1.2, label="lr change" if i == 0 else None)
+        if base := baselines.get((run.study, run.dataset, run.model, run.seed)):
+            ax.plot(
+                [h["epoch"] for h in base.history],
+                [h["test_acc"] for h in base.history],
+                color=_color(BASELINE),
+                ls="--",
+                lw=1.4,
+                label="baseline",
+            )
+        ax.plot(
+            epochs,
+            [h["test_acc"] for h in run.history],
+            color=_color(key[3]),
+            lw=1.8,
+            label=key[3],
+            marker="o" if len(epochs) <= 20 else None,
+            ms=3,
+        )
+        ax.set(
+            title=f"{key[3]} · {key[1]} · {key[2]} · seed {run.seed}: {len(skip)} of {len(epochs)} epochs skipped",
+            xlabel="epoch",
+            ylabel="test accuracy (%)",
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9, loc="lower right")
+    return fig
+
+
+def saving_figure(summary: list[dict[str, Any]]) -> Figure:
+    """Time saved per method and configuration (ours: mean with 95% interval or sd; the paper's: hatched)."""
+    title = "Training time saved against the baseline (same recipe, paired by seed)"
+    rows = [r for r in summary if r["method"] != BASELINE and r.get("time_saving_pct_mean") is not None]
+    if not rows:
+        return _empty(title, "Only baselines in this grid: no method has a saving to show yet.")
+    studies = list(dict.fromkeys(r["study"] for r in rows))
+    most = max(sum(r["study"] == s for r in rows) for s in studies)
+    fig, axes = _panels(len(studies), title, width=max(6.5, 1.4 * most), height=4.2, cols=1)
+    for ax, study in zip(axes, studies, strict=False):
+        shown = [r for r in rows if r["study"] == study]
+        labels = [f"{r['dataset']}\n{r['model']}\n{r['method']}" for r in shown]
+        xs = range(len(shown))
+        ours = [r["time_saving_pct_mean"] for r in shown]
+        err = [r.get("time_saving_pct_ci95") or r.get("time_saving_pct_std") or 0 for r in shown]
+        ax.bar(
+            [x - 0.2 for x in xs],
+            ours,
+            0.4,
+            yerr=err,
+            capsize=3,
+            color=[_color(r["method"]) for r in shown],
+            label="ours (error bar: 95% interval, or sd)",
+        )
+        theirs = [r.get("paper_time_saving_pct") for r in shown]
+        ax.bar(
+            [x + 0.2 for x, t in zip(xs, theirs, strict=True) if t is not None],
+            [t for t in theirs if t is not None],
+            0.4,
+            color="white",
+            edgecolor="0.3",
+            hatch="//",
+            label="paper",
+        )
+        for x, t in zip(xs, theirs, strict=True):
+            if t is None:
+                ax.text(x + 0.2, 0, NOT_IN_PAPER, rotation=90, ha="center", va="bottom", fontsize=8, color="0.4")
+        planned = [
+            (x, r["planned_saving_pct_mean"]) for x, r in zip(xs, shown, strict=True) if "planned_saving_pct_mean" in r
+        ]
+        if planned:
+            ax.plot([x - 0.2 for x, _ in planned], [p for _, p in planned], "kD", ms=6, label="planned (ours)")
+        ax.axhline(0, color="0.2", lw=0.8)
+        ax.set_xticks(list(xs), labels, fontsize=9)
+        ax.set_xlim(-0.7, len(shown) - 0.3)
+        ax.set(title=f"{study} study", ylabel="time saved (%)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=9)
+    return fig
+
+
+def figures(summary: list[dict[str, Any]], runs: list[Run]) -> dict[str, Figure]:
+    return {
+        "test_acc.png": curve_figure(runs, "epoch", "epoch", "Test accuracy per epoch (mean over seeds, band: ±1 sd)"),
+        "acc_vs_time.png": curve_figure(
+            runs, "cum_train_s", "cumulative training time (s, this machine)", "Test accuracy against training time"
+        ),
+        "pruned_samples.png": pruned_figure(runs),
+        "wus_phases.png": phases_figure(runs),
+        "time_saving.png": saving_figure(summary),
+    }
+
+
+def png(fig: Figure) -> bytes:
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=100)
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------------- MLflow
+
+
+def run_devices(runs: list[Run]) -> dict[str, str]:
+    """The `device` tag of each run's MLflow run (the hardware it trained on); empty where the store lacks it."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from cheaptrain.tracking import tracking_uri
+
+    client, devices = MlflowClient(tracking_uri()), {}
+    for run in runs:
+        try:
+            devices[run.mlflow_run_id] = client.get_run(run.mlflow_run_id).data.tags.get("device", "")
+        except MlflowException:
+            continue
+    return devices
+
+
+def log_to_mlflow(
+    summary: list[dict[str, Any]],
+    runs: list[Run],
+    tables: list[Table],
+    figs: dict[str, Figure],
+    metrics: dict[str, Any],
+    files: list[Path],
+) -> str:
+    """One MLflow run in the experiment `aggregate`: the tables, the figures, the outputs, links to the runs."""
+    import mlflow
+
+    from cheaptrain.tracking import ensure_experiment, flatten, git_commit, tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    experiment_id = ensure_experiment(MLFLOW_EXPERIMENT)
+    tags = {
+        "git_commit": git_commit(),
+        "mlflow.source.git.commit": git_commit(),
+        "dvc_stage": os.environ.get("DVC_STAGE", ""),
+        "dvc_exp": os.environ.get("DVC_EXP_NAME", ""),
+        "runs": str(len(runs)),
+        "studies": ",".join(sorted({r.study for r in runs})),
+    }
+    name = f"aggregate-{tags['dvc_exp']}" if tags["dvc_exp"] else "aggregate"
+    with mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=tags) as active:
+        mlflow.log_metrics({k.replace(".", "/"): v for k, v in flatten(metrics).items()})
+        columns = list(dict.fromkeys(k for row in summary for k in row))
+        mlflow.log_table({c: [row.get(c) for row in summary] for c in columns}, "tables/summary.json")
+        for table in tables:
+            mlflow.log_table(table.columns(), f"tables/{table.slug}.json")
+        mlflow.log_table(
+            {
+                "study": [r.study for r in runs],
+                "run": [r.name for r in runs],
+                "mlflow_run_id": [r.mlflow_run_id for r in runs],
+                "final_acc": [r.metrics["final_acc"] for r in runs],
+                "best3_acc": [r.metrics["best3_acc"] for r in runs],
+                "train_time_s": [r.metrics["train_time_s"] for r in runs],
+            },
+            "tables/runs.json",
+        )
+        for file_name, fig in figs.items():
+            mlflow.log_figure(fig, f"figures/{file_name}")
+        for path in files:
+            mlflow.log_artifact(str(path))
+        return active.info.run_id
+
+
+# ---------------------------------------------------------------------------------------------------- the stage
+
+
+def agreement(params: dict[str, Any]) -> dict[str, float]:
+    """Params `aggregate.agree_within`: how close to the paper's figure counts as matching, in points."""
+    given = (params.get("aggregate") or {}).get("agree_within") or {}
+    agree = {"acc_points": 0.5, "saving_points": 3.0}
+    unknown = [k for k in given if k not in agree]
+    bad = [k for k, v in given.items() if k in agree and not (isinstance(v, int | float) and v >= 0)]
+    if unknown or bad:
+        raise UserError(
+            f"aggregate.agree_within: {', '.join(unknown + bad)} not accepted; accepted: "
+            f"{', '.join(agree)}, each a number >= 0 (points)"
+        )
+    return agree | {k: float(v) for k, v in given.items()}
+
+
+def write_results(params: dict[str, Any], runs_root: Path, published_path: Path, out: Path) -> tuple[list, str]:
+    """The aggregate stage: read the runs, write every output under `out` (each atomically), log the MLflow run.
+    Returns the summary and the MLflow run id."""
+    from cheaptrain.runner import atomic_write  # late: it imports torch
+
+    measures, agree = accuracy_measures(params), agreement(params)
+    runs = collect(params, runs_root)
+    published = load_published(published_path)
+    summary = add_published(summarize(runs, measures), published)
+    tables = paper_tables(summary)
+    report = report_markdown(summary, runs, run_devices(runs), {k[:3] for k in published}, agree, tables)
+    figs = figures(summary, runs)
+    metrics = headline(summary)
+    files: dict[str, str | bytes] = {
+        "summary.csv": summary_csv(summary),
+        "report.md": report,
+        "metrics.json": json.dumps(metrics, indent=2) + "\n",
+    }
+    files |= {f"figures/{name}": png(fig) for name, fig in figs.items()}
+    files |= {f"curves/{'-'.join(key)}.csv": curves_csv(group) for key, group in configurations(runs).items()}
+    for stale in (out / "curves").glob("*.csv"):  # configurations no longer in the grid
+        if f"curves/{stale.name}" not in files:
+            stale.unlink()
+    for name, data in files.items():
+        atomic_write(out / name, data)
+    run_id = log_to_mlflow(
+        summary, runs, tables, figs, metrics, [out / f for f in ("summary.csv", "report.md", "metrics.json")]
+    )
+    return summary, run_id

@@ -1,0 +1,59 @@
+"""DVC stage `check`: the regression gate over results/summary.csv.
+
+Reads the thresholds of params `check` (per method: largest accuracy drop against the baseline, smallest time saving,
+...) and, when `check.reference` names one, the reference summary (the last accepted results). Exits 1 with a table of
+every violation, 0 with a table of what passed; 2 for bad input. `--accept` copies the summary to the reference path
+instead: the current results become the accepted ones (commit the file).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
+
+from cheaptrain import UserError, run_main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+    parser.add_argument("--summary", default="results/summary.csv", help="the summary (default: %(default)s)")
+    parser.add_argument("--reference", help="reference summary (default: params check.reference)")
+    parser.add_argument("--out", default="results/check.json", help="the gate's outcome (default: %(default)s)")
+    parser.add_argument("--accept", action="store_true", help="copy the summary to the reference path and exit")
+    args = parser.parse_args()
+
+    from cheaptrain.aggregate import read_summary
+    from cheaptrain.check import evaluate, load_gate, load_reference, render, write_file
+    from cheaptrain.config import load_params
+
+    gate = load_gate(load_params(args.params))
+    summary = read_summary(Path(args.summary))  # validates it before anything is accepted or checked
+    if args.accept:
+        target = args.reference or gate.reference
+        if target is None:
+            raise UserError("no reference path: set params check.reference or pass --reference PATH")
+        write_file(Path(target), Path(args.summary).read_bytes())
+        print(f"accepted {args.summary} ({len(summary)} configurations) as the reference {target}: commit it")
+        return
+
+    checks = evaluate(summary, gate, load_reference(gate, args.reference))
+    failed = sum(c.status == "FAIL" for c in checks)
+    reference = args.reference or gate.reference
+    source = f"{args.summary} against params `check` of {args.params}" + (f" and {reference}" if reference else "")
+    print(render(checks, source), end="")
+    outcome = {
+        "passed": not failed,
+        "checks": sum(c.status != "skip" for c in checks),
+        "violations": failed,
+        "not_checked": sum(c.status == "skip" for c in checks),
+    }
+    write_file(Path(args.out), (json.dumps(outcome, indent=2) + "\n").encode())
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_main(main)

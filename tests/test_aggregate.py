@@ -1,0 +1,339 @@
+"""The aggregate stage: pairing by seed, the interval math, the papers' figures joined to the right rows, the tables
+and the report, clear errors for bad input; synthetic run folders, plus the real quick pipeline (e2e)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cheaptrain import UserError
+from cheaptrain.aggregate import (
+    SUMMARY_COLUMNS,
+    add_published,
+    collect,
+    describe,
+    load_published,
+    read_summary,
+    summarize,
+    summary_csv,
+)
+from cheaptrain.report import FIGURES, paper_tables, setting_differences
+
+from conftest import REPO, grid, read_csv, run_in
+
+PUBLISHED = REPO / "data" / "published_results.csv"
+MEASURES = {"dfp": "best3_acc", "wus": "final_acc"}
+
+
+def write_run(
+    root: Path, study: str, name: str, history: list[dict], metrics: dict, config: dict | None = None
+) -> None:
+    folder = root / study / name
+    folder.mkdir(parents=True)
+    with open(folder / "history.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    info = {"name": name, "config": config or {"recipe": {"epochs": len(history), "lr": 0.02}}, "mlflow_run_id": name}
+    (folder / "run.json").write_text(json.dumps(info))
+
+
+def synthetic_run(root: Path, study: str, dataset: str, model: str, method: str, seed: int, epochs: int = 10) -> dict:
+    """A plausible run: accuracy rises, DFP prunes from epoch 4, WUS skips from epoch 6 (one fallback at 8)."""
+    history = []
+    for e in range(1, epochs + 1):
+        row = {"epoch": e, "lr": 0.02 if e <= 6 else 0.004, "train_loss": 2 / e, "train_acc": 30 + 3 * e}
+        pruned = 5000 if method in ("dfp", "random_prune") and e >= 4 else 0
+        skip = method in ("wus", "wus_lr") and e >= 6 and e != 8
+        row["trained_samples"] = 50000 - pruned
+        row["epoch_train_s"] = (1.0 if skip else 3.0 * (1 - pruned / 50000)) + 0.01 * seed
+        drop = {"dfp": 0.3, "random_prune": 0.8, "wus": 1.0, "wus_lr": 0.6}.get(method, 0)
+        row["test_acc"] = 40 + 20 * (1 - math.exp(-e / 3)) - drop * (e >= 4) + seed * 0.5
+        row |= {"test_loss": 1.0, "eval_s": 0.2}
+        if method in ("dfp", "random_prune"):
+            row |= {"pruned_samples": pruned, "flagged_samples": 100, "dropping_count_max": 3, "selection_s": 0.01}
+        if method in ("wus", "wus_lr"):
+            row |= {"phase": int(skip), "updated_params": 10 if skip else 62006, "val_acc_std": 0.5}
+        history.append(row)
+    accs = [r["test_acc"] for r in history]
+    metrics = {
+        "final_acc": accs[-1],
+        "best_acc": max(accs),
+        "best3_acc": sum(sorted(accs)[-3:]) / 3,
+        "train_time_s": sum(r["epoch_train_s"] for r in history),
+        "eval_time_s": 2.0,
+        "wall_time_s": 40.0,
+        "total_trained_samples": sum(r["trained_samples"] for r in history),
+        "epochs": epochs,
+    }
+    if method in ("dfp", "random_prune"):
+        metrics |= {"planned_pruning_epochs": 7, "planned_saving_pct": 7.0, "pruning_epochs": 7,
+                    "pruned_samples_total": 35000, "selection_s_total": 0.07, "overhead_s": 0.1}  # fmt: skip
+    if method in ("wus", "wus_lr"):
+        metrics |= {"initial_epoch": 5, "skip_epochs": 4, "normal_epochs": 6, "updated_params_total": 372076,
+                    "updated_params_reduction_pct": 40.0 + seed, "trainable_in_skip": 10}  # fmt: skip
+    recipe = {"epochs": epochs, "batch_size": 128, "lr": 0.02, "schedule": "step", "step_size": 4, "gamma": 0.1,
+              "momentum": 0.9, "weight_decay": 1e-4, "augment": study == "dfp"}  # fmt: skip
+    write_run(root, study, f"{dataset}-{model}-{method}-s{seed}", history, metrics, {"recipe": recipe})
+    return metrics
+
+
+def synthetic_grid(root: Path, seeds=(0, 1, 2), models=("lenet",)) -> dict:
+    params = {
+        "grid": {
+            "dfp": {"datasets": ["cifar10"], "models": list(models), "methods": ["baseline", "dfp", "random_prune"],
+                    "seeds": list(seeds)},
+            "wus": {"datasets": ["cifar10"], "models": list(models), "methods": ["baseline", "wus", "wus_lr"],
+                    "seeds": list(seeds)},
+        }
+    }  # fmt: skip
+    for study, g in params["grid"].items():
+        for model in g["models"]:
+            for method in g["methods"]:
+                for seed in g["seeds"]:
+                    synthetic_run(root, study, "cifar10", model, method, seed)
+    return params
+
+
+def by_key(summary: list[dict]) -> dict[tuple, dict]:
+    return {(r["study"], r["dataset"], r["model"], r["method"]): r for r in summary}
+
+
+def test_describe_matches_a_hand_computed_t_interval():
+    mean, sd, ci = describe([1.0, 2.0, 4.0])
+    assert mean == pytest.approx(7 / 3)
+    assert sd == pytest.approx(math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2))
+    assert ci == pytest.approx(4.303 * sd / math.sqrt(3))  # t_{0.975, 2} = 4.303
+    assert describe([5.0]) == (5.0, None, None)
+    assert describe([1.0, 3.0])[2] is None  # no interval under 3 seeds
+    many = [float(i % 7) for i in range(40)]
+    assert describe(many)[2] == pytest.approx(1.96 * describe(many)[1] / math.sqrt(40))  # beyond the table
+
+
+def test_methods_are_paired_with_the_baseline_of_the_same_seed(tmp_path):
+    params = synthetic_grid(tmp_path)
+    summary = by_key(summarize(collect(params, tmp_path), MEASURES))
+    dfp, base = summary[("dfp", "cifar10", "lenet", "dfp")], summary[("dfp", "cifar10", "lenet", "baseline")]
+    assert dfp["seeds"] == 3 and dfp["acc_measure"] == "best3_acc"
+    runs = {s: json.loads((tmp_path / "dfp" / f"cifar10-lenet-{m}-s{s}" / "metrics.json").read_text())
+            for m in ("dfp",) for s in (0, 1, 2)}  # fmt: skip
+    bases = {s: json.loads((tmp_path / "dfp" / f"cifar10-lenet-baseline-s{s}" / "metrics.json").read_text())
+             for s in (0, 1, 2)}  # fmt: skip
+    savings = [100 * (1 - runs[s]["train_time_s"] / bases[s]["train_time_s"]) for s in (0, 1, 2)]
+    deltas = [runs[s]["best3_acc"] - bases[s]["best3_acc"] for s in (0, 1, 2)]
+    assert dfp["time_saving_pct_mean"] == pytest.approx(sum(savings) / 3)
+    assert dfp["time_saving_pct_ci95"] == pytest.approx(describe(savings)[2])
+    assert dfp["acc_delta_mean"] == pytest.approx(sum(deltas) / 3)
+    assert dfp["acc_delta_mean"] == pytest.approx(-0.3)  # the same offset every seed: paired, the seed effect cancels
+    assert dfp["acc_delta_std"] == pytest.approx(0, abs=1e-9)
+    assert dfp["sample_saving_pct_mean"] == pytest.approx(7.0)  # 7 epochs of 10% pruned
+    assert dfp["planned_saving_pct_mean"] == 7.0
+    assert "acc_delta_mean" not in base and "time_saving_pct_mean" not in base
+    wus = summary[("wus", "cifar10", "lenet", "wus")]
+    assert wus["acc_measure"] == "final_acc"
+    assert wus["acc_delta_mean"] == pytest.approx(-1.0)
+    assert wus["updated_params_reduction_pct_mean"] == pytest.approx(41.0)
+    assert wus["mlflow_run_ids"] == "cifar10-lenet-wus-s0 cifar10-lenet-wus-s1 cifar10-lenet-wus-s2"
+
+
+def test_published_figures_join_the_right_rows():
+    published = load_published(PUBLISHED)
+    rows = [
+        {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": "baseline", "acc_mean": 75.0},
+        {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": "dfp", "acc_mean": 74.0,
+         "acc_delta_mean": -1.0, "time_saving_pct_mean": 10.0},
+        {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": "random_prune", "acc_mean": 74.0},
+        {"study": "wus", "dataset": "cifar100", "model": "vgg16", "method": "wus_lr", "acc_mean": 69.0,
+         "acc_delta_mean": -1.0, "updated_params_reduction_pct_mean": 50.0},
+        {"study": "wus", "dataset": "cifar10", "model": "lenet", "method": "wus", "acc_mean": 60.0},
+    ]  # fmt: skip
+    base, dfp, control, wus_lr, lenet_wus = add_published(rows, published)
+    assert base["paper_acc"] == 75.15 and base["paper_train_time_s"] == 1220
+    assert dfp["paper_acc"] == 74.72 and dfp["paper_acc_delta"] == pytest.approx(74.72 - 75.15)
+    assert dfp["acc_delta_vs_paper"] == pytest.approx(-1.0 - (74.72 - 75.15))
+    assert dfp["paper_time_saving_pct"] == 11.80 and dfp["time_saving_vs_paper"] == pytest.approx(10 - 11.8)
+    assert dfp["paper_overhead_s"] == 4.27
+    assert not any(k.startswith("paper_") for k in control)  # the random control is not in the paper
+    assert wus_lr["paper_acc"] == 69.79 and wus_lr["paper_acc_delta"] == pytest.approx(69.79 - 70.82)
+    assert wus_lr["paper_time_saving_pct"] == 34.05 and wus_lr["paper_updated_params_reduction_pct"] == 56
+    assert wus_lr["updated_params_reduction_vs_paper"] == pytest.approx(-6)
+    assert not any(k.startswith("paper_") for k in lenet_wus)  # the WUS paper has no LeNet
+
+
+def test_tables_are_laid_out_like_the_papers(tmp_path):
+    params = synthetic_grid(tmp_path)
+    summary = add_published(summarize(collect(params, tmp_path), MEASURES), load_published(PUBLISHED))
+    tables = {t.slug: t for t in paper_tables(summary)}
+    assert list(tables) == ["dfp_table1", "dfp_table2", "wus_table1", "wus_table2", "wus_table3"]
+    t1 = tables["dfp_table1"]
+    assert t1.headers[:4] == ["dataset", "model", "method", "seeds"]
+    assert {"time saved %", "paper %", "planned saving %", "samples saved %"} <= set(t1.headers)
+    rows = {r[2]: dict(zip(t1.headers, r, strict=True)) for r in t1.rows}
+    assert rows["dfp"]["paper %"] == "11.80" and rows["random_prune"]["paper %"] == "not in the paper"
+    assert rows["baseline"]["time saved %"] == "—"
+    assert " ± " in rows["dfp"]["time saved %"]  # 3 seeds: a 95% interval
+    t2 = {r[2]: dict(zip(tables["dfp_table2"].headers, r, strict=True)) for r in tables["dfp_table2"].rows}
+    assert "best-3 acc %" in tables["dfp_table2"].headers and t2["baseline"]["paper %"] == "75.15"
+    assert t2["dfp"]["paper Δ"] == "-0.43"
+    assert [r[2] for r in tables["wus_table3"].rows] == ["wus", "wus_lr"]  # Table 3 has no baseline row
+    assert all("not in the paper" in r for r in tables["wus_table3"].rows)  # the WUS paper has no LeNet
+    assert "final acc %" in tables["wus_table2"].headers
+
+
+def test_report_says_where_the_setting_differs_from_the_papers(tmp_path):
+    params = synthetic_grid(tmp_path, seeds=(0,))
+    runs = collect(params, tmp_path)
+    published = {k[:3] for k in load_published(PUBLISHED)}
+    diffs = setting_differences(runs, {r.mlflow_run_id: "cpu: Test CPU x2" for r in runs}, published, MEASURES)
+    assert "epochs 10 (paper: 200)" in diffs["dfp"] and "lr 0.02 (paper: 0.1)" in diffs["dfp"]
+    assert "lenet on cifar10 is not in the paper" in diffs["wus"]
+    assert "lenet on cifar10 is not in the paper" not in diffs["dfp"]  # DFP Table 1 has LeNet
+    assert "1 seed(s) per configuration (paper: mean of 15 runs)" in diffs["wus"]
+    assert "trained on cpu: Test CPU x2 (paper: GPU: NVIDIA GTX 1080 Ti)" in diffs["dfp"]
+
+
+def test_missing_and_malformed_runs_are_clear_errors(tmp_path):
+    params = synthetic_grid(tmp_path, seeds=(0,))
+    shutil.rmtree(tmp_path / "wus" / "cifar10-lenet-wus-s0")
+    (tmp_path / "dfp" / "cifar10-lenet-dfp-s0" / "metrics.json").unlink()
+    with pytest.raises(UserError, match=r"2 run\(s\) of the grid have not finished") as info:
+        collect(params, tmp_path)
+    assert "cifar10-lenet-wus-s0" in str(info.value) and "cifar10-lenet-dfp-s0" in str(info.value)
+    synthetic_run(tmp_path, "wus", "cifar10", "lenet", "wus", 0)
+    shutil.rmtree(tmp_path / "dfp" / "cifar10-lenet-dfp-s0")
+    synthetic_run(tmp_path, "dfp", "cifar10", "lenet", "dfp", 0)
+    metrics = tmp_path / "dfp" / "cifar10-lenet-dfp-s0" / "metrics.json"
+    metrics.write_text(json.dumps({"final_acc": 60}))
+    with pytest.raises(UserError, match="missing or not a finite number: best_acc, best3_acc"):
+        collect(params, tmp_path)
+    metrics.write_text("{not json")
+    with pytest.raises(UserError, match="malformed"):
+        collect(params, tmp_path)
+
+
+def test_published_csv_is_validated(tmp_path):
+    bad = tmp_path / "published.csv"
+    bad.write_text("paper,model,value\ndfp,lenet,1\n")
+    with pytest.raises(UserError, match="columns must be"):
+        load_published(bad)
+    with pytest.raises(UserError, match="not found"):
+        load_published(tmp_path / "nope.csv")
+
+
+def test_summary_csv_round_trips_with_fixed_columns(tmp_path):
+    params = synthetic_grid(tmp_path, seeds=(0, 1))
+    summary = summarize(collect(params, tmp_path), MEASURES)
+    path = tmp_path / "summary.csv"
+    path.write_text(summary_csv(summary))
+    with open(path) as f:
+        assert tuple(next(csv.reader(f))) == SUMMARY_COLUMNS
+    back = by_key(read_summary(path))
+    assert back[("dfp", "cifar10", "lenet", "dfp")]["acc_delta_mean"] == pytest.approx(-0.3, abs=1e-4)
+    assert "acc_delta_ci95" not in back[("dfp", "cifar10", "lenet", "dfp")]  # 2 seeds: sd, no interval
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(UserError, match="not a summary"):
+        read_summary(path)
+
+
+def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
+    runs = tmp_path / "runs"
+    params = synthetic_grid(runs)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params | {"aggregate": {"accuracy": MEASURES}}))
+    out = tmp_path / "results"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"MLFLOW_TRACKING_URI": store, "DVC_ROOT": str(tmp_path)}
+    cmd = [sys.executable, str(REPO / "stages" / "aggregate.py"), "--params", str(tmp_path / "params.yaml"),
+           "--runs", str(runs), "--published", str(PUBLISHED), "--out", str(out)]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(env))
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in (out / "figures").iterdir()} == set(FIGURES)
+    assert len(list((out / "curves").glob("*.csv"))) == 6
+    report = (out / "report.md").read_text()
+    assert "### DFP Table 1: training time" in report and "### WUS Table 3" in report
+    assert "This is not the papers' setting" in report
+    assert "DFP's selection against this random control: +0.50 points" in report
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["dfp"]["cifar10-lenet-dfp"]["acc_delta"] == pytest.approx(-0.3)
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("aggregate")
+    (run,) = client.search_runs([experiment.experiment_id])
+    artifacts = {a.path for folder in ("", "tables", "figures") for a in client.list_artifacts(run.info.run_id, folder)}
+    assert {"tables/summary.json", "tables/dfp_table1.json", "tables/runs.json", "figures/test_acc.png",
+            "report.md", "summary.csv"} <= artifacts  # fmt: skip
+    assert run.data.metrics["dfp/cifar10-lenet-dfp/acc_delta"] == pytest.approx(-0.3)
+
+    bad = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "x"), "--runs", str(tmp_path / "none")],
+                         capture_output=True, text=True, cwd=tmp_path, env=_env(env))  # fmt: skip
+    assert bad.returncode == 2 and "have not finished" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    import os
+
+    return os.environ | {"PYTHONPATH": str(REPO / "src")} | extra
+
+
+# ---------------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.e2e
+def test_quick_results_exist_and_are_declared_in_dvc(quick, tmp_path):
+    results = quick / "results"
+    rows = read_csv(results / "summary.csv")
+    assert {(r["study"], r["method"]) for r in rows} == {(s, n.split("-")[2]) for s, n, _ in grid(quick)}
+    for f in FIGURES:
+        assert (results / "figures" / f).stat().st_size > 10_000, f
+    report = (results / "report.md").read_text()
+    assert "This is not the papers' setting" in report and "epochs 10 (paper: 200)" in report
+    assert "lenet on cifar10 is not in the paper" in report  # WUS has no LeNet
+    assert "| dfp | cifar10-lenet-baseline-s0 |" in report
+    metrics = json.loads(run_in(quick, "dvc", "metrics", "show", "--json").stdout)
+    shown = json.dumps(metrics)
+    assert "results/metrics.json" in shown and "results/check.json" in shown
+    plots = run_in(quick, "dvc", "plots", "show", "--json", "-o", str(tmp_path / "plots")).stdout
+    assert "results/figures/test_acc.png" in plots and "results/curves" in plots
+    lock = yaml.safe_load((quick / "dvc.lock").read_text())["stages"]
+    assert {"aggregate", "check"} <= set(lock)
+    ignored = (results / ".gitignore").read_text() if (results / ".gitignore").exists() else ""
+    assert "summary.csv" not in ignored and "report.md" not in ignored  # cache: false, so git tracks them
+
+
+@pytest.mark.e2e
+def test_quick_aggregate_mlflow_run_has_tables_figures_and_run_links(quick):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{quick / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("aggregate")
+    assert experiment.artifact_location == (quick / "mlartifacts" / "aggregate").as_uri()
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["dvc_stage"] == "aggregate" and len(run.data.tags["git_commit"]) == 40
+    tables = {a.path for a in client.list_artifacts(run.info.run_id, "tables")}
+    assert {"tables/summary.json", "tables/runs.json", "tables/dfp_table1.json", "tables/wus_table2.json"} <= tables
+    figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
+    assert figures == {f"figures/{f}" for f in FIGURES}
+    linked = json.loads(Path(client.download_artifacts(run.info.run_id, "tables/runs.json")).read_text())
+    ids = {row[linked["columns"].index("mlflow_run_id")] for row in linked["data"]}
+    trained = {
+        json.loads((quick / "runs" / s / n / "run.json").read_text())["mlflow_run_id"] for s, n, _ in grid(quick)
+    }
+    assert ids == trained
+
+
+@pytest.mark.e2e
+def test_quick_gate_stage_ran_and_passed(quick):
+    outcome = json.loads((quick / "results" / "check.json").read_text())
+    assert outcome["passed"] is True and outcome["violations"] == 0 and outcome["checks"] >= 1
+    assert "Running stage 'check'" in (quick / "quick.log").read_text()
