@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,12 +48,21 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def run_in(repo: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 900):
-    """Run a command in `repo` with this venv first on PATH; returns the CompletedProcess (output captured)."""
+def run_in(repo: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 2400):
+    """Run a command in `repo` with this venv first on PATH; returns the CompletedProcess (output captured).
+    On timeout the whole process group goes (`dvc exp run` -> stages -> python), not only the direct child."""
     full_env = os.environ | {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
     full_env.pop("MLFLOW_TRACKING_URI", None)
     full_env.pop("DVC_ROOT", None)
-    result = subprocess.run(cmd, cwd=repo, env=full_env | (env or {}), capture_output=True, text=True, timeout=timeout)
+    process = subprocess.Popen(cmd, cwd=repo, env=full_env | (env or {}), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    result = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result
@@ -72,7 +82,7 @@ def quick(tmp_path_factory, shared_archive) -> Path:
     repo = copy_repo(tmp_path_factory.mktemp("quick"))
     # the copy lives in a temporary folder, so "../shared" must come from the environment variable
     env = {"CIFAR10_SOURCE": str(shared_archive), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
-    result = run_in(repo, "python", "-m", "cheaptrain.quick", env=env, timeout=1500)
+    result = run_in(repo, "python", "-m", "cheaptrain.quick", env=env)
     (repo / "quick.log").write_text(result.stdout + result.stderr)
     return repo
 

@@ -43,8 +43,8 @@ def test_queued_and_temp_experiments_log_to_the_workspace_store(tmp_path):
     ]  # fmt: skip
     args = [a for s in settings for a in ("-S", s)]
     run_in(repo, "dvc", "exp", "run", "--queue", "-n", "queued-exp", *args)
-    run_in(repo, "dvc", "exp", "run", "--run-all", timeout=900)
-    run_in(repo, "dvc", "exp", "run", "--temp", "-n", "temp-exp", *args, "-S", "grid.dfp.seeds=[1]", timeout=900)
+    run_in(repo, "dvc", "exp", "run", "--run-all")
+    run_in(repo, "dvc", "exp", "run", "--temp", "-n", "temp-exp", *args, "-S", "grid.dfp.seeds=[1]")
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     experiments = {e.name: e for e in client.search_experiments()}
