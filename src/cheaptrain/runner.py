@@ -11,7 +11,8 @@ run resumes from it and continues the same MLflow run, which receives each epoch
 written before the epoch is logged, so the store is never ahead of it; it is deleted when the run completes.
 A checkpoint resumes only the run that wrote it: the file name carries the configuration's fingerprint, and one
 written by other training code, from other prepared data or on another kind of device is discarded (with a
-warning), as is an unreadable one.
+warning), as is an unreadable one. Of several processes training the same configuration at once, only the first
+uses the checkpoint (a lock file beside it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from typing import Any
 
 import torch
 
-from cheaptrain import UserError
 from cheaptrain.config import RunConfig
 from cheaptrain.methods import create_method
 from cheaptrain.prepare import load_split
@@ -96,18 +96,18 @@ def identity(cfg: RunConfig) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def exclusive(cfg: RunConfig, lock_path: Path) -> Iterator[None]:
-    """One process per configuration: a second one would write the same checkpoint and a second MLflow run."""
+def checkpoint_owner(lock_path: Path) -> Iterator[bool]:
+    """Whether this process owns the checkpoint of its configuration. Of several processes that train the same
+    configuration at once (queued DVC experiments that share a run, say) the first does; the others train without
+    one, rather than resume or overwrite each other's state."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel when the process dies
         except BlockingIOError:
-            raise UserError(
-                f"{cfg.study}/{cfg.name} is already being trained with the same params by another process (it "
-                f"holds {lock_path}). Wait for it to finish or stop it, then run again."
-            ) from None
-        yield
+            yield False
+            return
+        yield True
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -148,8 +148,14 @@ def train_run(cfg: RunConfig) -> dict[str, float]:
     method = create_method(cfg.method, cfg.method_args)
     train_split, test_split = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "test")
     ckpt, ident = checkpoint_path(cfg), identity(cfg)
-    with exclusive(cfg, ckpt.with_suffix(".lock")):
-        resume, problem = read_checkpoint(ckpt, ident)
+    with checkpoint_owner(ckpt.with_suffix(".lock")) as owner:
+        resume, problem = read_checkpoint(ckpt, ident) if owner else (None, None)
+        if not owner:
+            print(
+                f"warning: {cfg.name}: another process is training the same configuration and holds its checkpoint "
+                f"{ckpt}; this one trains without checkpoints (it cannot resume if interrupted)",
+                file=sys.stderr,
+            )
         if problem:
             print(f"warning: {cfg.name}: discarding the checkpoint {ckpt}: {problem}; starting afresh", file=sys.stderr)
             ckpt.unlink()
@@ -165,31 +171,33 @@ def train_run(cfg: RunConfig) -> dict[str, float]:
             for row in resume["history"]:  # epochs checkpointed but not yet in the store (a crash between the two)
                 if row["epoch"] > logged:
                     tracker.log_epoch(row)
-        else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run instead of a second one
+        elif owner:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
             save_checkpoint(ckpt, {"identity": ident, "run_id": tracker.run_id, "wall_s": 0.0, "history": []})
 
         def on_epoch_end(history: list[dict[str, Any]], state: dict[str, Any]) -> None:
             nonlocal done
             wall_s = elapsed_before + time.perf_counter() - started
-            save_checkpoint(ckpt, state | {"identity": ident, "run_id": tracker.run_id, "wall_s": wall_s})
+            if owner:
+                save_checkpoint(ckpt, state | {"identity": ident, "run_id": tracker.run_id, "wall_s": wall_s})
             done = history[-1]["epoch"]
             if done > logged:  # the store follows the checkpoint, and never gets an epoch twice
                 tracker.log_epoch(history[-1])
 
         def kept() -> str:
-            return f"The checkpoint of epoch {done} is kept in {ckpt}" if done else "No epoch was completed"
+            return f"the checkpoint of epoch {done} is kept in {ckpt}" if done and owner else "no checkpoint is kept"
 
         try:
             history = fit(cfg, train_split, test_split, method, resume if done else None, on_epoch_end)
-        except TrainingDiverged as e:
+        except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
             tracker.fail("FAILED")
             raise TrainingDiverged(
-                f"{e} The MLflow run {tracker.run_id} is marked FAILED. {kept()}: running again with the same params "
-                "resumes there and diverges again; changed params start afresh."
+                f"{e} The MLflow run {tracker.run_id} is marked FAILED; {kept()}. Running again with the same params "
+                "diverges again; changed params start afresh."
             ) from None
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see stages/train.py)
             tracker.fail("KILLED")
-            print(f"{cfg.name}: interrupted. {kept()}: run again to resume.", file=sys.stderr)
+            again = "resume" if done and owner else "start over"
+            print(f"{cfg.name}: interrupted; {kept()}: run again to {again}.", file=sys.stderr)
             raise
         except BaseException:
             tracker.fail("FAILED")
@@ -206,6 +214,7 @@ def train_run(cfg: RunConfig) -> dict[str, float]:
         )
         atomic_write(out / "metrics.json", json.dumps(final, indent=2) + "\n")
         tracker.finish(final, [out / "history.csv", out / "run.json"])
-        ckpt.unlink(missing_ok=True)
-        ckpt.with_suffix(".lock").unlink(missing_ok=True)
+        if owner:
+            ckpt.unlink(missing_ok=True)
+            ckpt.with_suffix(".lock").unlink(missing_ok=True)
     return final
