@@ -240,6 +240,21 @@ def test_dvc_repro_killed_then_run_again_resumes_from_the_checkpoint(tmp_path, e
     assert_each_epoch_once(store, run, read_csv(repo / "runs" / "dfp" / NAME / "history.csv"))
 
 
+def test_sigterm_marks_the_mlflow_run_killed_and_says_where_the_checkpoint_is(tmp_path, empty_store):
+    repo = make_repo(tmp_path / "repo", empty_store)
+    proc = subprocess.Popen(
+        train_cmd(), cwd=repo, env=stage_env(STATEFUL_EPOCH_SLEEP="0.5"), stderr=subprocess.PIPE, text=True
+    )
+    while checkpointed_epochs(repo) < 1:
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.05)
+    proc.terminate()
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, stderr
+    assert f"{NAME}: interrupted; the checkpoint of epoch" in stderr and "run again to resume" in stderr
+    assert only_run(f"sqlite:///{repo / 'mlflow.db'}").info.status == "KILLED"
+
+
 # --- resuming: the crash points and checkpoints that need care, in-process ----------------------------------
 
 
@@ -417,14 +432,25 @@ def test_an_unusable_checkpoint_is_discarded_with_a_warning_and_the_run_starts_a
         assert reason in client.get_run(stale_run).data.tags["abandoned"]
 
 
-def test_a_second_process_on_the_same_configuration_is_refused(workdir):
-    lock_path = checkpoint_path(config()).with_suffix(".lock")
-    lock_path.parent.mkdir(parents=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # as a running process holds it
-        with pytest.raises(UserError, match="already being trained with the same params by another process"):
-            train_run(config())
-    assert not checkpoint_path(config()).exists()
+def test_a_second_process_on_the_same_configuration_trains_without_touching_the_checkpoint(
+    workdir, monkeypatch, capsys, expected
+):
+    """Queued DVC experiments that share a run train it at once: neither may resume or overwrite the other's state."""
+    crash_at_log_of(3, monkeypatch)
+    ckpt = checkpoint_path(config())
+    saved = ckpt.read_bytes()
+    with open(ckpt.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the process that resumed it would hold it
+        final = train_run(config())
+    assert "another process is training the same configuration" in capsys.readouterr().err
+    assert in_process_results(final, workdir) == expected  # from epoch 1: not resumed
+    assert ckpt.read_bytes() == saved and ckpt.with_suffix(".lock").exists()  # still the other process's
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store_of(workdir))
+    runs = client.search_runs([client.get_experiment_by_name("dfp").experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"]
 
 
 # --- a NaN loss ----------------------------------------------------------------------------------------------
@@ -441,7 +467,7 @@ def test_a_nan_loss_fails_the_mlflow_run_keeps_the_checkpoint_and_diverges_again
             train_run(cfg)
         message = str(info.value)
         assert "the training loss became nan in epoch 3" in message and "Lower recipes.dfp.lr" in message
-        assert "is marked FAILED" in message and f"checkpoint of epoch 2 is kept in {checkpoint_path(cfg)}" in message
+        assert f"is marked FAILED; the checkpoint of epoch 2 is kept in {checkpoint_path(cfg)}" in message
         assert "\n" not in message
         run = only_run(store, name)
         assert run.info.status == "FAILED"
