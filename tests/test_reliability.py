@@ -335,6 +335,31 @@ def test_a_crash_between_checkpoint_and_store_logs_the_missing_epoch_on_resume(w
     assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
 
 
+def test_a_store_that_fails_mid_run_stops_it_with_a_clear_error_and_the_rerun_fills_the_gap(
+    workdir, monkeypatch, expected
+):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    real_log = mlflow.log_metrics
+
+    def failing(metrics, step=None, **kwargs):
+        if step == 3:
+            raise MlflowException("(sqlite3.OperationalError) disk I/O error")
+        return real_log(metrics, step=step, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mlflow, "log_metrics", failing)
+        with pytest.raises(UserError, match=r"cannot log epoch 3 to the MLflow store .* disk I/O error\. The epoch"):
+            train_run(config())
+    assert only_run(store_of(workdir)).info.status == "FAILED"
+    final = train_run(config())
+    assert in_process_results(final, workdir) == expected
+    run = only_run(store_of(workdir))
+    assert run.info.status == "FINISHED"
+    assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
 def test_a_store_ahead_of_the_checkpoint_never_gets_an_epoch_twice(workdir, monkeypatch, expected):
     """The checkpoint is written first, so this needs a lost checkpoint write: epoch 3 logged, checkpoint at 2."""
     real_save = runner.save_checkpoint

@@ -207,9 +207,19 @@ class RunTracker:
         self.mlflow.set_tag("resumed_after_epochs", f"{previous},{epoch}" if previous else str(epoch))
 
     def log_epoch(self, row: dict[str, Any]) -> None:
-        """One epoch's metrics in one batch: the store holds all of an epoch or none of it."""
+        """One epoch's metrics in one batch: the store holds all of an epoch or none of it. The epoch is already
+        checkpointed, so a store that fails (once MLflow's retries are spent) stops the run with a clear error."""
+        from mlflow.exceptions import MlflowException
+
         metrics = {k: float(v) for k, v in row.items() if k != "epoch" and isinstance(v, int | float)}
-        self.mlflow.log_metrics(metrics, step=int(row["epoch"]))
+        try:
+            self.mlflow.log_metrics(metrics, step=int(row["epoch"]))
+        except MlflowException as e:
+            raise UserError(
+                f"cannot log epoch {row['epoch']} to the MLflow store {tracking_uri()!r}: "
+                f"{' '.join(e.message.split())[:600]}. The epoch is checkpointed: run again once the store works, "
+                "to resume the run and log the epochs the store missed."
+            ) from e
 
     def finish(self, final: dict[str, float], artifacts: list[Path]) -> None:
         self.mlflow.log_metrics({k: float(v) for k, v in final.items()})
