@@ -360,6 +360,26 @@ def test_a_store_that_fails_mid_run_stops_it_with_a_clear_error_and_the_rerun_fi
     assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_checkpoint_whose_mlflow_run_is_gone_resumes_into_a_new_run_with_every_epoch(
+    workdir, monkeypatch, capsys, empty_store, expected, how
+):
+    crash_at_log_of(3, monkeypatch)
+    gone = only_run(store_of(workdir)).info.run_id
+    if how == "deleted":
+        from mlflow import MlflowClient
+
+        MlflowClient(store_of(workdir)).delete_run(gone)
+    else:  # mlflow.db deleted, or MLFLOW_TRACKING_URI now names another store
+        shutil.copy(empty_store, workdir / "mlflow.db")
+    final = train_run(config())
+    assert f"the MLflow run {gone} of its checkpoint is not in the store" in capsys.readouterr().err
+    assert in_process_results(final, workdir) == expected  # resumed: the checkpoint was good
+    run = only_run(store_of(workdir))
+    assert run.info.run_id != gone and run.info.status == "FINISHED"
+    assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
 def test_a_store_ahead_of_the_checkpoint_never_gets_an_epoch_twice(workdir, monkeypatch, expected):
     """The checkpoint is written first, so this needs a lost checkpoint write: epoch 3 logged, checkpoint at 2."""
     real_save = runner.save_checkpoint

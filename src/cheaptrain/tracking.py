@@ -177,13 +177,15 @@ class RunTracker:
         client = self.mlflow.MlflowClient()
         if run_id is not None:
             try:
-                previous = client.get_run(run_id)
-                if previous.info.lifecycle_stage == "deleted":
-                    raise MlflowException(f"run {run_id} is deleted")
+                missing = client.get_run(run_id).info.lifecycle_stage == "deleted"
             except MlflowException as e:
+                if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise store_error(f"cannot read the run {run_id} of {name}: {e.message}") from e
+                missing = True
+            if missing:
                 print(
-                    f"warning: {name}: the checkpoint's MLflow run {run_id} is not in the store {tracking_uri()!r} "
-                    f"({' '.join(e.message.split())}); logging to a new run",
+                    f"warning: {name}: the MLflow run {run_id} of its checkpoint is not in the store "
+                    f"{tracking_uri()!r} (deleted, or another store); logging the run to a new MLflow run",
                     file=sys.stderr,
                 )
                 run_id = None
