@@ -156,19 +156,13 @@ def checkpointed_epochs(repo: Path) -> int:
         return 0
 
 
-def kill_when_checkpointed(proc: subprocess.Popen, repo: Path, epochs: int = 2, group: bool = False) -> int:
-    """SIGKILL `proc` (its whole process group if `group`) once its checkpoint holds `epochs` epochs."""
+def wait_for_checkpoint(proc: subprocess.Popen, repo: Path, epochs: int) -> None:
+    """Wait until the checkpoint of the run that `proc` trains holds `epochs` epochs."""
     deadline = time.monotonic() + 300  # a guard against a hang, not a timing
     while checkpointed_epochs(repo) < epochs:
-        assert proc.poll() is None, "the run ended before it could be killed"
+        assert proc.poll() is None, "the run ended before it could be interrupted"
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
-    if group:
-        os.killpg(proc.pid, signal.SIGKILL)
-    else:
-        proc.kill()
-    proc.wait()
-    return checkpointed_epochs(repo)
 
 
 # --- resuming a killed run: the real stage, the real kill ---------------------------------------------------
@@ -182,33 +176,45 @@ def reference(tmp_path_factory, empty_store) -> tuple[dict, list[dict]]:
     return results(repo)
 
 
-def test_a_stage_killed_with_sigkill_resumes_to_the_uninterrupted_result_in_the_same_mlflow_run(
+def test_a_stage_stopped_by_sigterm_then_killed_by_sigkill_resumes_to_the_uninterrupted_result(
     tmp_path, empty_store, reference
 ):
+    """Two interruptions: SIGTERM (as Ctrl-C: the run is marked KILLED and says where its checkpoint is), then SIGKILL
+    in the resumed attempt (nothing can react to it); the third attempt completes the run."""
     repo = make_repo(tmp_path / "repo", empty_store)
+    store, slow = f"sqlite:///{repo / 'mlflow.db'}", stage_env(STATEFUL_EPOCH_SLEEP="0.5")
+    proc = subprocess.Popen(train_cmd(), cwd=repo, env=slow, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(proc, repo, 1)
+    proc.terminate()
+    stderr = proc.communicate(timeout=300)[1]
+    terminated_after = checkpointed_epochs(repo)
+    assert proc.returncode == 130, stderr
+    assert f"{NAME}: interrupted; the checkpoint of epoch" in stderr and "run again to resume" in stderr
+    assert only_run(store).info.status == "KILLED"
+
     with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen(
-            train_cmd(), cwd=repo, env=stage_env(STATEFUL_EPOCH_SLEEP="0.5"), stdout=log, stderr=subprocess.STDOUT
-        )
-        killed_after = kill_when_checkpointed(proc, repo)
-    assert proc.returncode == -signal.SIGKILL and 2 <= killed_after < EPOCHS
+        proc = subprocess.Popen(train_cmd(), cwd=repo, env=slow, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_checkpoint(proc, repo, terminated_after + 1)
+        proc.kill()
+        proc.wait()
+    killed_after = checkpointed_epochs(repo)
+    assert killed_after < EPOCHS and not (repo / "runs" / "dfp" / NAME / "metrics.json").exists()
+    assert only_run(store).info.status == "RUNNING"  # killed: it could not say so
     ckpt = next((repo / "checkpoints" / "dfp").glob(f"{NAME}-*.pt"))
     wall_before = torch.load(ckpt, weights_only=False)["wall_s"]
-    assert not (repo / "runs" / "dfp" / NAME / "metrics.json").exists()
 
     resumed = run_in(repo, *train_cmd(), env=ONE_THREAD)
     assert f"resuming after epoch {killed_after}" in resumed.stderr
     assert results(repo) == reference  # every metric but the timings, every epoch
-    assert not ckpt.exists() and not list((repo / "checkpoints" / "dfp").iterdir())  # no lock file either
+    assert not list((repo / "checkpoints" / "dfp").iterdir())  # neither the checkpoint nor its lock file
 
-    store = f"sqlite:///{repo / 'mlflow.db'}"
     run = only_run(store)
     assert run.info.status == "FINISHED"
-    assert run.data.tags["resumed_after_epochs"] == str(killed_after)
-    assert_each_epoch_once(store, run, read_csv(repo / "runs" / "dfp" / NAME / "history.csv"))
-    metrics = json.loads((repo / "runs" / "dfp" / NAME / "metrics.json").read_text())
+    assert run.data.tags["resumed_after_epochs"] == f"{terminated_after},{killed_after}"
     history = read_csv(repo / "runs" / "dfp" / NAME / "history.csv")
-    # training time: the epochs that count, whichever attempt ran them; wall time: both attempts
+    assert_each_epoch_once(store, run, history)
+    metrics = json.loads((repo / "runs" / "dfp" / NAME / "metrics.json").read_text())
+    # training time: the epochs that count, whichever attempt ran them; wall time: every attempt
     assert metrics["train_time_s"] == pytest.approx(sum(float(row["epoch_train_s"]) for row in history))
     assert metrics["wall_time_s"] > wall_before
     assert run.data.metrics["final_acc"] == metrics["final_acc"]
@@ -227,8 +233,11 @@ def test_dvc_repro_killed_then_run_again_resumes_from_the_checkpoint(tmp_path, e
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: DVC and the stage die together, as in a crash
         )
-        killed_after = kill_when_checkpointed(proc, repo, group=True)
-    assert 2 <= killed_after < EPOCHS
+        wait_for_checkpoint(proc, repo, 2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_after = checkpointed_epochs(repo)
+    assert killed_after < EPOCHS
 
     resumed = run_in(repo, "dvc", "repro", "--single-item", stage, env=ONE_THREAD)
     assert f"resuming after epoch {killed_after}" in resumed.stdout + resumed.stderr
@@ -238,21 +247,6 @@ def test_dvc_repro_killed_then_run_again_resumes_from_the_checkpoint(tmp_path, e
     run = only_run(store)
     assert run.info.status == "FINISHED"
     assert_each_epoch_once(store, run, read_csv(repo / "runs" / "dfp" / NAME / "history.csv"))
-
-
-def test_sigterm_marks_the_mlflow_run_killed_and_says_where_the_checkpoint_is(tmp_path, empty_store):
-    repo = make_repo(tmp_path / "repo", empty_store)
-    proc = subprocess.Popen(
-        train_cmd(), cwd=repo, env=stage_env(STATEFUL_EPOCH_SLEEP="0.5"), stderr=subprocess.PIPE, text=True
-    )
-    while checkpointed_epochs(repo) < 1:
-        assert proc.poll() is None, proc.communicate()[1]
-        time.sleep(0.05)
-    proc.terminate()
-    stderr = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 130, stderr
-    assert f"{NAME}: interrupted; the checkpoint of epoch" in stderr and "run again to resume" in stderr
-    assert only_run(f"sqlite:///{repo / 'mlflow.db'}").info.status == "KILLED"
 
 
 # --- resuming: the crash points and checkpoints that need care, in-process ----------------------------------
