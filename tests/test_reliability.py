@@ -275,12 +275,10 @@ def config(method: str = "stateful", lr: float = 0.02) -> RunConfig:
 @pytest.fixture(scope="module")
 def expected() -> tuple[dict, list[dict]]:
     """The uninterrupted result of config(), from the bare training loop in this process."""
-    METHODS["stateful"] = Stateful
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(METHODS, "stateful", Stateful)
         method = Stateful()
         history = fit(config(), TRAIN, TEST, method)
-    finally:
-        del METHODS["stateful"]
     final = final_metrics(history) | method.run_metrics()
     return {k: v for k, v in final.items() if k not in TIMINGS}, [
         {k: v for k, v in row.items() if k not in TIMINGS} for row in history
