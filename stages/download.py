@@ -2,8 +2,9 @@
 
 Reads params section `download.<dataset>` (source, sha256). The environment variable <DATASET>_SOURCE
 (e.g. CIFAR10_SOURCE=../shared/datasets/cifar10-jpg.tar.gz) overrides the source, for offline machines.
-Also creates the MLflow experiments, in the workspace, so that their artifact stores never point into a
-temporary copy of the repository.
+Runs first: it also checks the params of every run of the grid and the MLflow store (before downloading), and
+creates the MLflow experiments, in the workspace, so that their artifact stores never point into a temporary copy
+of the repository.
 """
 
 import argparse
@@ -23,11 +24,12 @@ def main() -> None:
     parser.add_argument("--cache", default="data/raw", help="download cache (default: %(default)s)")
     args = parser.parse_args()
 
-    from cheaptrain.config import load_params
+    from cheaptrain.config import load_params, validate_grid
     from cheaptrain.prepare import prepare_dataset, resolve_source
     from cheaptrain.tracking import ensure_experiment
 
     params = load_params(args.params)
+    validate_grid(params)
     settings = (params.get("download") or {}).get(args.dataset) or {}
     for study in params.get("grid") or {}:
         ensure_experiment(study)

@@ -1,9 +1,12 @@
 """DVC stage `train_<study>`: train one configuration of the grid and log it to MLflow.
 
 Reads params sections `train`, `recipes.<study>` and `methods.<method>`; writes runs/<study>/<run name>/.
+Checks every run of `grid` first, so that a typo anywhere fails in seconds, not hours into `dvc repro`;
+`--check` does only that. An interrupted run resumes from its checkpoint when run again.
 """
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -12,21 +15,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this che
 from cheaptrain import run_main
 
 
+def terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # so that the MLflow run is marked KILLED, as on Ctrl-C
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--study", required=True, help="the paper whose recipe trains the run: a key of `recipes`")
-    parser.add_argument("--dataset", required=True, help="cifar10 or cifar100")
-    parser.add_argument("--model", required=True, help="a model name, e.g. lenet, resnet18, vgg16")
-    parser.add_argument("--method", required=True, help="baseline or a method of src/cheaptrain/methods")
-    parser.add_argument("--seed", required=True, type=int, help="random seed of the run")
+    parser.add_argument("--study", help="the paper whose recipe trains the run: a key of `recipes`")
+    parser.add_argument("--dataset", help="cifar10 or cifar100")
+    parser.add_argument("--model", help="a model name, e.g. lenet, resnet18, vgg16")
+    parser.add_argument("--method", help="baseline or a method of src/cheaptrain/methods")
+    parser.add_argument("--seed", type=int, help="random seed of the run")
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="only check the params of every run of the grid")
     args = parser.parse_args()
+    run = (args.study, args.dataset, args.model, args.method, args.seed)
+    if not args.check and None in run:
+        parser.error("--study, --dataset, --model, --method and --seed are required (unless --check)")
 
-    from cheaptrain.config import load_params, resolve_run
+    from cheaptrain.config import load_params, resolve_run, validate_grid
     from cheaptrain.runner import train_run
 
-    cfg = resolve_run(load_params(args.params), args.study, args.dataset, args.model, args.method, args.seed)
-    final = train_run(cfg)
+    params = load_params(args.params)
+    validate_grid(params)
+    if args.check:
+        print(f"{args.params}: every run of the grid has valid params")
+        return
+    cfg = resolve_run(params, *run)
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        final = train_run(cfg)
+    except KeyboardInterrupt:
+        sys.exit(130)  # the runner said where the checkpoint is
     print(
         f"{cfg.study}/{cfg.name}: final {final['final_acc']:.2f}%, best-3 {final['best3_acc']:.2f}%, "
         f"training {final['train_time_s']:.1f} s"

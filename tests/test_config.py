@@ -8,6 +8,7 @@ import yaml
 from cheaptrain import UserError
 from cheaptrain.aggregate import grid_runs
 from cheaptrain.config import ConfigError, Recipe, load_params, resolve_run
+from cheaptrain.methods import METHODS, Method
 
 from conftest import REPO
 
@@ -128,7 +129,35 @@ BAD = [  # (change to params, run overrides, text the error must contain)
     (None, {"method": "magic"}, "method 'magic': unknown (accepted: baseline"),
     (None, {"study": "nope"}, "study 'nope': no recipes.nope in params"),
     (None, {"seed": -1}, "seed -1"),
+    # every recipe is checked alike (the wus study reads recipes.wus)
+    (("recipes.wus.epochs", 0), {"study": "wus"}, "recipes.wus.epochs: 0 is invalid; accepted: a positive integer"),
+    (("recipes.wus.epochs", 2.5), {"study": "wus"}, "recipes.wus.epochs: 2.5 is invalid; accepted: a positive integer"),
+    (("recipes.wus.batch_size", -128), {"study": "wus"}, "recipes.wus.batch_size: -128 is invalid; accepted: a posi"),
+    (("recipes.wus.lr", -0.1), {"study": "wus"}, "recipes.wus.lr: -0.1 is invalid; accepted: a positive number"),
+    (("recipes.dfp.lr", float("nan")), {}, "recipes.dfp.lr: nan is invalid; accepted: a positive number"),
+    (("recipes.dfp.lr", True), {}, "recipes.dfp.lr: True is invalid; accepted: a positive number"),
+    (("recipes.dfp.batch_size", 12.8), {}, "recipes.dfp.batch_size: 12.8 is invalid; accepted: a positive integer"),
+    (("recipes.dfp.milestones", [0, 60]), {}, "recipes.dfp.milestones: [0, 60] lie outside the run"),
+    (("recipes.dfp.milestones", [60, 200]), {}, "lie outside the run; accepted: epochs in [1, 199]"),
+    (("recipes.wus.step_size", 200), {"study": "wus"}, "recipes.wus.step_size: 200 never changes the lr"),
+    (("recipes.dfp.gamma", 0), {}, "recipes.dfp.gamma: 0 is invalid; accepted: a number in (0, 1]"),
+    (("recipes.dfp.weight_decay", -1), {}, "recipes.dfp.weight_decay: -1 is invalid; accepted: a number >= 0"),
+    (("train.amp", "yes"), {}, "train.amp: 'yes' is invalid; accepted: true or false"),
+    (("methods.ranged", {"fraction": 1.5}), {"method": "ranged"}, "methods.ranged.fraction: 1.5 is out of range"),
 ]
+
+
+class Ranged(Method):
+    """A method with a parameter that has a range, as DFP's and WUS's have: it checks its own parameters."""
+
+    def __init__(self, fraction: float = 0.5) -> None:
+        if not 0 < fraction < 1:
+            raise ConfigError([f"methods.ranged.fraction: {fraction} is out of range; accepted: a number in (0, 1)"])
+
+
+@pytest.fixture(autouse=True)
+def _ranged_method(monkeypatch):
+    monkeypatch.setitem(METHODS, "ranged", Ranged)
 
 
 @pytest.mark.parametrize(("change", "run", "expected"), BAD, ids=[b[2][:40] for b in BAD])

@@ -327,12 +327,14 @@ def test_unreachable_url_says_offline_and_how_to_use_a_local_archive(tmp_path: P
 
 
 class _ArchiveHandler(http.server.BaseHTTPRequestHandler):
-    """Serves server.body; with server.truncate it promises the whole body but sends half and hangs up."""
+    """Serves server.body; with server.truncate it promises the whole body but sends half and hangs up (without
+    server.send_length it promises nothing: only the archive itself can tell that it is incomplete)."""
 
     def do_GET(self) -> None:
         body = self.server.body  # type: ignore[attr-defined]
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
+        if getattr(self.server, "send_length", True):
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body[: len(body) // 2] if self.server.truncate else body)  # type: ignore[attr-defined]
 
@@ -359,6 +361,28 @@ def test_truncated_download_leaves_nothing_and_a_retry_succeeds(tmp_path: Path, 
     http_server.truncate = False
     manifest = assert_retry_succeeds(tmp_path, url)
     assert manifest["archive"]["sha256"] == sha256_of(archive)
+
+
+def test_truncated_download_of_unknown_length_leaves_nothing_in_the_cache(tmp_path: Path, http_server) -> None:
+    archive = write_archive(tmp_path / "tiny.tar.gz", folder_entries(sample_images()))
+    http_server.body, http_server.truncate, http_server.send_length = archive.read_bytes(), True, False
+    url = f"http://127.0.0.1:{http_server.server_port}/tiny.tar.gz"
+    assert_fails_cleanly(tmp_path, url, "truncated or corrupt")
+    assert list((tmp_path / "cache").iterdir()) == []  # the incomplete archive is not kept as if it were good
+    http_server.truncate = False
+    assert_retry_succeeds(tmp_path, url)
+
+
+def test_the_partial_download_of_a_killed_run_is_removed(tmp_path: Path, http_server) -> None:
+    archive = write_archive(tmp_path / "tiny.tar.gz", folder_entries(sample_images()))
+    http_server.body, http_server.truncate = archive.read_bytes(), False
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / "cache" / f".tiny.tar.gz.download-{dead.stdout.strip()}"
+    stale.parent.mkdir()
+    stale.write_bytes(b"the first half of an archive")
+    url = f"http://127.0.0.1:{http_server.server_port}/tiny.tar.gz"
+    prepare_dataset("cifar10", url, tmp_path / "out", tmp_path / "cache", progress=False)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["tiny.tar.gz"]
 
 
 class _FakeCIFAR10:

@@ -243,3 +243,60 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         compile=train.get("compile", False),
         eval_batch_size=ebs,
     )
+
+
+GRID_KEYS = ("datasets", "models", "methods", "seeds")
+
+
+def validate_grid(params: dict[str, Any]) -> None:
+    """Check every run that `grid` asks for, in a second, before any of them trains: raises ConfigError listing
+    every problem. (Each train stage checks only its own run otherwise, possibly hours into `dvc repro`.)"""
+    from cheaptrain.methods import METHODS  # late: methods import torch
+    from cheaptrain.models import MODELS
+
+    grid = params.get("grid")
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError(["grid: accepted: a mapping of study name to {datasets, models, methods, seeds} lists"])
+    accepted = {"datasets": DATASETS, "models": MODELS, "methods": METHODS}
+    downloaded = (params.get("download") or {}).get("datasets")
+    problems: list[str] = []
+    runs: dict[tuple[str, str, str, str], int] = {}  # one seed per (study, dataset, model, method) is enough
+    for study, lists in grid.items():
+        key = f"grid.{study}"
+        if not isinstance(lists, dict):
+            problems.append(f"{key}: accepted: a mapping with the lists {', '.join(GRID_KEYS)}")
+            continue
+        problems += [f"{key}.{k}: unknown (accepted: {', '.join(GRID_KEYS)})" for k in lists if k not in GRID_KEYS]
+        valid = {}
+        for k in GRID_KEYS:
+            values = lists.get(k)
+            if not isinstance(values, list) or not values:
+                problems.append(f"{key}.{k}: {values!r} is invalid; accepted: a non-empty list")
+                continue
+            if len(set(map(str, values))) < len(values):
+                problems.append(f"{key}.{k}: {values} repeats a value (each run must be named once)")
+            if k == "seeds":
+                bad = [v for v in values if not (_is_int(v) and v >= 0)]
+                problems += [f"{key}.seeds: {v!r} is invalid; accepted: integers >= 0" for v in bad]
+            else:
+                bad = [v for v in values if not (isinstance(v, str) and v in accepted[k])]
+                problems += [f"{key}.{k}: {v!r} is unknown (accepted: {', '.join(accepted[k])})" for v in bad]
+                if k == "datasets" and isinstance(downloaded, list):
+                    problems += [
+                        f"{key}.datasets: {v!r} is not in download.datasets {downloaded}, so it is never prepared"
+                        for v in values
+                        if v in DATASETS and v not in downloaded
+                    ]
+            valid[k] = [v for v in values if v not in bad]
+        if len(valid) == len(GRID_KEYS) and all(valid.values()):
+            for dataset in valid["datasets"]:
+                for model in valid["models"]:
+                    for method in valid["methods"]:
+                        runs.setdefault((study, dataset, model, method), valid["seeds"][0])
+    for (study, dataset, model, method), seed in runs.items():
+        try:
+            resolve_run(params, study, dataset, model, method, seed)
+        except ConfigError as e:
+            problems += [p for p in e.problems if p not in problems]
+    if problems:
+        raise ConfigError(problems)

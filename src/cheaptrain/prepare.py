@@ -156,14 +156,20 @@ def prepare_dataset(
         splits, classes, archive = _from_torchvision(info, cache_dir, expected)
         layout = "torchvision"
     else:
-        if resolved.lower().startswith(URL_PREFIXES):
+        downloaded = resolved.lower().startswith(URL_PREFIXES)
+        if downloaded:
             path = _download(info, resolved, cache_dir, expected, progress)
         else:
             path = _local_archive(info, resolved)
-        sha, md5 = _digests(path)
-        _check_sha256(path, sha, expected)
-        archive = {"file": path.name, "sha256": sha, "md5": md5}
-        splits, classes, layout = _read_archive(info, path, md5, expected, progress)
+        try:
+            sha, md5 = _digests(path)
+            _check_sha256(path, sha, expected)
+            archive = {"file": path.name, "sha256": sha, "md5": md5}
+            splits, classes, layout = _read_archive(info, path, md5, expected, progress)
+        except DataError:
+            if downloaded:  # a server that sent less than it said, or the wrong file: never keep it in the cache
+                path.unlink(missing_ok=True)
+            raise
     if len(classes) != info.num_classes:
         raise DataError(
             f"{resolved} has {len(classes)} classes, but {info.name} has {info.num_classes}: "
@@ -237,6 +243,7 @@ def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None
             return dest
     if parsed.scheme.lower() == "file" and not Path(urllib.request.url2pathname(parsed.path)).is_file():
         raise DataError(f"The source {url} names no existing file. {_local_hint(info)}")
+    _remove_stale(cache_dir / dest.name, "download")
     tmp = cache_dir / f".{dest.name}.download-{os.getpid()}"
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, tmp.open("wb") as f:
@@ -562,10 +569,11 @@ def _swap(partial: Path, out_dir: Path) -> None:
     _remove(old)
 
 
-def _remove_stale(out_dir: Path) -> None:
-    """Remove the temporary folders of earlier runs that were killed before they could clean up."""
-    pattern = re.compile(rf"\.{re.escape(out_dir.name)}\.(partial|old)-(\d+)")
-    for path in out_dir.parent.iterdir():
+def _remove_stale(target: Path, kinds: str = "partial|old") -> None:
+    """Remove the temporary files or folders (.<name>.<kind>-<pid>) of earlier runs that were killed before they
+    could clean up: a killed download would otherwise leave a partial archive in the cache for ever."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.({kinds})-(\d+)")
+    for path in target.parent.iterdir():
         match = pattern.fullmatch(path.name)
         if match and not _alive(int(match[2])):
             _remove(path)

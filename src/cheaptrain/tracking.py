@@ -3,6 +3,10 @@
 Default store: an SQLite database `mlflow.db` at the repository root, artifacts in `mlartifacts/` beside it.
 Under `dvc exp run --temp/--queue` stages run in a temporary copy of the repo; DVC then sets DVC_ROOT to the real
 root, so runs still land in the workspace store. MLFLOW_TRACKING_URI overrides the store.
+
+The store is checked when a stage starts, before any work: a misconfigured or unreachable store fails within
+seconds with one clear error (MLflow alone retries an HTTP server for minutes, an unopenable SQLite file for ~100 s).
+Concurrent runs share the SQLite store safely: MLflow sets a 20 s SQLite busy timeout on every session.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import fcntl
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,12 +48,65 @@ def _store_lock() -> Iterator[None]:
         yield
 
 
+# The start-up probe of an HTTP store: a few seconds, not MLflow's default of 7 retries with exponential backoff
+# and a 120 s timeout each. Training keeps the defaults, which ride out a short outage of the server.
+PROBE_HTTP_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+
+
+def store_error(problem: str) -> UserError:
+    """One paragraph naming the store, what is wrong with it and how to choose another."""
+    problem = " ".join(problem.split()).rstrip(".")
+    if len(problem) > 600:  # a web server's HTML error page, say
+        problem = problem[:600] + " ..."
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        fix = f"Fix MLFLOW_TRACKING_URI, or unset it to use the default store {default_uri()!r}"
+    else:
+        fix = "That is the default store (mlflow.db at the repository root); MLFLOW_TRACKING_URI chooses another"
+    return UserError(
+        f"cannot use the MLflow tracking store {tracking_uri()!r}: {problem}. {fix}. Stopped before any work."
+    )
+
+
+def check_sqlite_path(uri: str) -> None:
+    """Fail fast where MLflow would create a mistyped folder, or retry ~100 s before failing."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if str(path) in ("", ":memory:"):
+        return
+    if not path.parent.is_dir():
+        raise store_error(f"{path.parent} is not an existing folder (create it if the path is right)")
+    if path.exists() and not path.is_file():
+        raise store_error(f"{path} exists but is not a file")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
+        raise store_error(f"{path} or its folder is not writable by this user (SQLite writes beside the file)")
+
+
+@contextlib.contextmanager
+def _bounded_http() -> Iterator[None]:
+    """Bound MLflow's HTTP retries for the duration of a probe, unless the user chose their own settings."""
+    chosen = {k: v for k, v in PROBE_HTTP_ENV.items() if k not in os.environ}
+    os.environ.update(chosen)
+    try:
+        yield
+    finally:
+        for key in chosen:
+            os.environ.pop(key, None)
+
+
 def ensure_experiment(name: str) -> str:
-    """Id of the MLflow experiment `name`, created (with its artifacts beside the store) if missing."""
+    """Id of the MLflow experiment `name`, created (with its artifacts beside the store) if missing.
+
+    This is the start-up check of the store: any problem raises a UserError within seconds."""
+    check_sqlite_path(tracking_uri())
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    with _store_lock():
+    with _store_lock(), _bounded_http():
         try:
             client = MlflowClient(tracking_uri())
             experiment = client.get_experiment_by_name(name)
@@ -61,10 +119,9 @@ def ensure_experiment(name: str) -> str:
                 client.restore_experiment(experiment.experiment_id)
             return experiment.experiment_id
         except MlflowException as e:
-            raise UserError(
-                f"cannot use the MLflow tracking store {tracking_uri()!r}: {e.message}. Check MLFLOW_TRACKING_URI "
-                "(unset it to use the default SQLite store mlflow.db at the repository root)."
-            ) from e
+            raise store_error(e.message) from e
+        except Exception as e:  # OSError, SQLAlchemy or requests errors that MLflow passes through
+            raise store_error(f"{type(e).__name__}: {e}") from e
 
 
 def git_commit() -> str:
@@ -112,21 +169,59 @@ class RunTracker:
         self.run_id: str | None = None
 
     def start(self, name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None) -> int:
-        """Start (or resume `run_id`); returns the last epoch the store already holds (0 for a new run)."""
-        run = self.mlflow.start_run(
-            run_id=run_id, experiment_id=self.experiment_id, run_name=name, log_system_metrics=True
-        )
+        """Start a run, or continue `run_id`; returns the last epoch the store holds of it (0 for a new run).
+
+        A run that the store no longer has (deleted, or the store was replaced) is started afresh under a new id."""
+        from mlflow.exceptions import MlflowException
+
+        client = self.mlflow.MlflowClient()
+        if run_id is not None:
+            try:
+                missing = client.get_run(run_id).info.lifecycle_stage == "deleted"
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise store_error(f"cannot read the run {run_id} of {name}: {e.message}") from e
+                missing = True
+            if missing:
+                print(
+                    f"warning: {name}: the MLflow run {run_id} of its checkpoint is not in the store "
+                    f"{tracking_uri()!r} (deleted, or another store); logging the run to a new MLflow run",
+                    file=sys.stderr,
+                )
+                run_id = None
+        try:
+            run = self.mlflow.start_run(
+                run_id=run_id, experiment_id=self.experiment_id, run_name=name, log_system_metrics=True
+            )
+        except MlflowException as e:  # a store that reads but does not write, say
+            raise store_error(f"cannot start the run {name}: {e.message}") from e
         self.run_id = run.info.run_id
         if run_id is not None:
-            logged = self.mlflow.MlflowClient().get_metric_history(run_id, "test_acc")
+            logged = client.get_metric_history(run_id, "test_acc")
             return max((m.step for m in logged), default=0)
         self.mlflow.log_params({k: str(v) for k, v in flatten(params).items()})
         self.mlflow.set_tags(tags)
         return 0
 
+    def note_resume(self, epoch: int) -> None:
+        """Record on the run each epoch it was resumed after (tag `resumed_after_epochs`, e.g. "2,5")."""
+        previous = self.mlflow.MlflowClient().get_run(self.run_id).data.tags.get("resumed_after_epochs")
+        self.mlflow.set_tag("resumed_after_epochs", f"{previous},{epoch}" if previous else str(epoch))
+
     def log_epoch(self, row: dict[str, Any]) -> None:
+        """One epoch's metrics in one batch: the store holds all of an epoch or none of it. The epoch is already
+        checkpointed, so a store that fails (once MLflow's retries are spent) stops the run with a clear error."""
+        from mlflow.exceptions import MlflowException
+
         metrics = {k: float(v) for k, v in row.items() if k != "epoch" and isinstance(v, int | float)}
-        self.mlflow.log_metrics(metrics, step=int(row["epoch"]))
+        try:
+            self.mlflow.log_metrics(metrics, step=int(row["epoch"]))
+        except MlflowException as e:
+            raise UserError(
+                f"cannot log epoch {row['epoch']} to the MLflow store {tracking_uri()!r}: "
+                f"{' '.join(e.message.split())[:600]}. The epoch is checkpointed: run again once the store works, "
+                "to resume the run and log the epochs the store missed."
+            ) from e
 
     def finish(self, final: dict[str, float], artifacts: list[Path]) -> None:
         self.mlflow.log_metrics({k: float(v) for k, v in final.items()})
@@ -135,8 +230,25 @@ class RunTracker:
         self.mlflow.end_run("FINISHED")
 
     def fail(self, status: str = "FAILED") -> None:
-        if self.mlflow.active_run() is not None:
+        """Mark the run FAILED or KILLED; never hides the error that stopped it (the store may be what failed)."""
+        if self.mlflow.active_run() is None:
+            return
+        try:
             self.mlflow.end_run(status)
+        except Exception as e:
+            print(f"warning: could not mark the MLflow run {self.run_id} {status}: {type(e).__name__}", file=sys.stderr)
+
+    @staticmethod
+    def abandon(run_id: str, reason: str) -> None:
+        """End an unfinished run that will never be continued (its checkpoint was discarded), saying why."""
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        client = MlflowClient()
+        with contextlib.suppress(MlflowException):  # gone from the store: nothing to end
+            client.set_tag(run_id, "abandoned", reason)
+            if client.get_run(run_id).info.status == "RUNNING":  # killed: it could not say so itself
+                client.set_terminated(run_id, "KILLED")
 
 
 def run_tags(study: str, device: str) -> dict[str, str]:

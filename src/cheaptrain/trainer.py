@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,7 +59,9 @@ def fit(
     """Train `cfg` and return its history, one row per epoch. `resume` is a state given to `on_epoch_end` earlier."""
     device = resolve_device(cfg.device)
     on_cuda = device.type == "cuda"
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # also seeds CUDA
+    random.seed(cfg.seed)  # and the global generators a method may draw from
+    np.random.seed(cfg.seed)
     channels_last = cfg.channels_last  # faster on CPU too (benchmarks/loader.py: LeNet, ResNet-18, VGG-11)
     mean, std = channel_stats(torch.from_numpy(train_split.images))
     train_data = DeviceData(train_split, device, mean, std, channels_last)
@@ -89,12 +93,12 @@ def fit(
     )
 
     history: list[dict[str, Any]] = []
-    if resume is not None:
+    if resume is not None:  # everything `state` below holds; the lr comes from the schedule, by epoch
         model.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
         method.load_state_dict(resume["method"])
         generator.set_state(resume["generator"])
-        torch.set_rng_state(resume["torch_rng"])
+        set_rng_states(resume["rng"], device)
         history = list(resume["history"])
 
     epochs = tqdm(
@@ -116,7 +120,7 @@ def fit(
         if not math.isfinite(row["train_loss"]):
             raise TrainingDiverged(
                 f"{cfg.name}: the training loss became {row['train_loss']} in epoch {epoch} (lr {lr:g}); the run "
-                "stopped. Lower recipes.<study>.lr, or check the data and the model."
+                f"stopped. Lower recipes.{cfg.study}.lr, or check the data and the model."
             )
         row |= evaluate(step_model, test_data, cfg.eval_batch_size, autocast)
         method.on_validation_end(epoch, row["test_acc"], lr)
@@ -129,11 +133,27 @@ def fit(
                 "optimizer": optimizer.state_dict(),
                 "method": method.state_dict(),
                 "generator": generator.get_state(),
-                "torch_rng": torch.get_rng_state(),
+                "rng": rng_states(device),
                 "history": history,
             }
             on_epoch_end(history, state)
     return history
+
+
+def rng_states(device: torch.device) -> dict[str, Any]:
+    """The global random generators: torch (CPU, and the CUDA device's), Python's and numpy's."""
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(states: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
 
 
 def train_epoch(

@@ -1,0 +1,721 @@
+"""Reliability (issue #6): a killed run resumes exactly where it stopped, in the same MLflow run; bad params, a NaN
+loss, an unusable MLflow store and failed downloads stop early with one clear error; parallel runs share the SQLite
+store. Small synthetic data and LeNet throughout; the real stages run in throwaway copies of the repository."""
+
+from __future__ import annotations
+
+import fcntl
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from reliability_methods import Poison, Stateful
+
+from cheaptrain import UserError, runner
+from cheaptrain.config import ConfigError, RunConfig, resolve_run, validate_grid
+from cheaptrain.methods import METHODS
+from cheaptrain.prepare import write_prepared
+from cheaptrain.runner import checkpoint_path, train_run
+from cheaptrain.tracking import RunTracker
+from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
+
+from conftest import BIN, REPO, copy_repo, read_csv, run_in, synthetic_split
+
+EPOCHS = 6
+NAME = "cifar10-lenet-stateful-s0"
+TIMINGS = {"epoch_train_s", "eval_s", "train_time_s", "eval_time_s", "wall_time_s"}
+TRAIN, TEST = synthetic_split(256, seed=1), synthetic_split(128, seed=2)
+# One thread per process: four engineers share two cores, and every run compared must use the same thread count.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """In this process too: the in-process runs compare with each other only, and contend less for the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Crash(BaseException):
+    """Stands in for a kill inside a test process: nothing in the run catches it."""
+
+
+# --- set-up ----------------------------------------------------------------------------------------------
+
+
+def small_params(epochs: int = EPOCHS, methods: tuple[str, ...] = ("stateful",), seeds: tuple[int, ...] = (0,)) -> dict:
+    """params.yaml of the repository, shrunk: LeNet, a few epochs, CPU, one dataset."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["download"]["datasets"] = ["cifar10"]
+    params["train"]["device"] = "cpu"
+    params["recipes"]["dfp"] |= {"epochs": epochs, "batch_size": 32, "lr": 0.02, "milestones": [epochs - 2]}
+    params["recipes"]["wus"] |= {"epochs": epochs, "batch_size": 32, "lr": 0.02, "step_size": epochs - 2}
+    params["methods"] = (params.get("methods") or {}) | {"stateful": {}, "poison": {}}
+    params["grid"] = {
+        study: {"datasets": ["cifar10"], "models": ["lenet"], "methods": list(methods), "seeds": list(seeds)}
+        for study in ("dfp", "wus")
+    }
+    return params
+
+
+def write_data(root: Path, source: str = "synthetic") -> None:
+    splits = {"train": (TRAIN.images, TRAIN.labels), "test": (TEST.images, TEST.labels)}
+    write_prepared(root / "data" / "prepared" / "cifar10", splits, TRAIN.classes, {"source": source})
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with its tables: a copy of it spares each test the seconds of creating them."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def make_repo(path: Path, store: Path | None, **params: object) -> Path:
+    """A throwaway copy of the repository with the test methods, tiny prepared data and small params."""
+    path.mkdir()
+    repo = copy_repo(path)
+    shutil.copy(REPO / "tests" / "reliability_methods.py", repo / "src" / "cheaptrain" / "methods")
+    write_data(repo)
+    (repo / "params.yaml").write_text(yaml.safe_dump(small_params(**params), sort_keys=False))
+    if store:
+        shutil.copy(store, repo / "mlflow.db")
+    return repo
+
+
+def stage_env(**extra: str) -> dict[str, str]:
+    """The environment of conftest.run_in, for processes started with Popen."""
+    env = os.environ | {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"} | ONE_THREAD
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("DVC_ROOT", None)
+    return env | extra
+
+
+def train_cmd(method: str = "stateful", seed: int = 0) -> list[str]:
+    run = ["--study", "dfp", "--dataset", "cifar10", "--model", "lenet", "--method", method, "--seed", str(seed)]
+    return ["python", "stages/train.py", *run]
+
+
+def results(repo: Path, name: str = NAME) -> tuple[dict, list[dict]]:
+    """metrics.json and history.csv of a run, without the timings (the only figures that may differ)."""
+    out = repo / "runs" / "dfp" / name
+    metrics = json.loads((out / "metrics.json").read_text())
+    history = read_csv(out / "history.csv")
+    return {k: v for k, v in metrics.items() if k not in TIMINGS}, [
+        {k: v for k, v in row.items() if k not in TIMINGS} for row in history
+    ]
+
+
+def only_run(store: str, name: str = NAME):
+    """The one MLflow run named `name` in experiment dfp (fails if there are several)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("dfp")
+    runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
+    assert len(runs) == 1, f"{len(runs)} MLflow runs named {name}"
+    return runs[0]
+
+
+def assert_each_epoch_once(store: str, run, history: list[dict]) -> None:
+    """Every per-epoch metric of `history` is in the MLflow run exactly once per epoch, with the same value."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store)
+    epochs = [int(row["epoch"]) for row in history]
+    for key in history[0]:
+        if key == "epoch":
+            continue
+        logged = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in logged) == epochs, f"{key}: steps {sorted(m.step for m in logged)}"
+        if key not in TIMINGS:
+            values = {m.step: m.value for m in logged}
+            assert [values[e] for e in epochs] == pytest.approx([float(row[key]) for row in history]), key
+
+
+def checkpointed_epochs(repo: Path) -> int:
+    """Epochs in the run's checkpoint (0 if there is none yet, or it went away)."""
+    try:
+        path = next((repo / "checkpoints").glob("*/*.pt"))
+        return len(torch.load(path, weights_only=False)["history"])
+    except Exception:  # none yet, or deleted at completion
+        return 0
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, repo: Path, epochs: int) -> None:
+    """Wait until the checkpoint of the run that `proc` trains holds `epochs` epochs."""
+    deadline = time.monotonic() + 300  # a guard against a hang, not a timing
+    while checkpointed_epochs(repo) < epochs:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+# --- resuming a killed run: the real stage, the real kill ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, empty_store) -> tuple[dict, list[dict]]:
+    """The uninterrupted run of the stage, in its own copy of the repository."""
+    repo = make_repo(tmp_path_factory.mktemp("reference") / "repo", empty_store)
+    run_in(repo, *train_cmd(), env=ONE_THREAD)
+    return results(repo)
+
+
+def test_a_stage_stopped_by_sigterm_then_killed_by_sigkill_resumes_to_the_uninterrupted_result(
+    tmp_path, empty_store, reference
+):
+    """Two interruptions: SIGTERM (as Ctrl-C: the run is marked KILLED and says where its checkpoint is), then SIGKILL
+    in the resumed attempt (nothing can react to it); the third attempt completes the run."""
+    repo = make_repo(tmp_path / "repo", empty_store)
+    store, slow = f"sqlite:///{repo / 'mlflow.db'}", stage_env(STATEFUL_EPOCH_SLEEP="0.5")
+    proc = subprocess.Popen(train_cmd(), cwd=repo, env=slow, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(proc, repo, 1)
+    proc.terminate()
+    stderr = proc.communicate(timeout=300)[1]
+    terminated_after = checkpointed_epochs(repo)
+    assert proc.returncode == 130, stderr
+    assert f"{NAME}: interrupted; the checkpoint of epoch" in stderr and "run again to resume" in stderr
+    assert only_run(store).info.status == "KILLED"
+
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen(train_cmd(), cwd=repo, env=slow, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_checkpoint(proc, repo, terminated_after + 1)
+        proc.kill()
+        proc.wait()
+    killed_after = checkpointed_epochs(repo)
+    assert killed_after < EPOCHS and not (repo / "runs" / "dfp" / NAME / "metrics.json").exists()
+    assert only_run(store).info.status == "RUNNING"  # killed: it could not say so
+    ckpt = next((repo / "checkpoints" / "dfp").glob(f"{NAME}-*.pt"))
+    wall_before = torch.load(ckpt, weights_only=False)["wall_s"]
+
+    resumed = run_in(repo, *train_cmd(), env=ONE_THREAD)
+    assert f"resuming after epoch {killed_after}" in resumed.stderr
+    assert results(repo) == reference  # every metric but the timings, every epoch
+    assert not list((repo / "checkpoints" / "dfp").iterdir())  # neither the checkpoint nor its lock file
+
+    run = only_run(store)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["resumed_after_epochs"] == f"{terminated_after},{killed_after}"
+    history = read_csv(repo / "runs" / "dfp" / NAME / "history.csv")
+    assert_each_epoch_once(store, run, history)
+    metrics = json.loads((repo / "runs" / "dfp" / NAME / "metrics.json").read_text())
+    # training time: the epochs that count, whichever attempt ran them; wall time: every attempt
+    assert metrics["train_time_s"] == pytest.approx(sum(float(row["epoch_train_s"]) for row in history))
+    assert metrics["wall_time_s"] > wall_before
+    assert run.data.metrics["final_acc"] == metrics["final_acc"]
+
+
+def test_dvc_repro_killed_then_run_again_resumes_from_the_checkpoint(tmp_path, empty_store, reference):
+    """DVC deletes a stage's outputs before running it; the checkpoint lives outside them and survives."""
+    repo = make_repo(tmp_path / "repo", empty_store)
+    stage = "train_dfp@cifar10-lenet-stateful-0"
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen(
+            ["dvc", "repro", "--single-item", stage],
+            cwd=repo,
+            env=stage_env(STATEFUL_EPOCH_SLEEP="0.5"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: DVC and the stage die together, as in a crash
+        )
+        wait_for_checkpoint(proc, repo, 2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_after = checkpointed_epochs(repo)
+    assert killed_after < EPOCHS
+
+    resumed = run_in(repo, "dvc", "repro", "--single-item", stage, env=ONE_THREAD)
+    assert f"resuming after epoch {killed_after}" in resumed.stdout + resumed.stderr
+    assert results(repo) == reference
+    assert "up to date" in run_in(repo, "dvc", "status", stage).stdout
+    store = f"sqlite:///{repo / 'mlflow.db'}"
+    run = only_run(store)
+    assert run.info.status == "FINISHED"
+    assert_each_epoch_once(store, run, read_csv(repo / "runs" / "dfp" / NAME / "history.csv"))
+
+
+# --- resuming: the crash points and checkpoints that need care, in-process ----------------------------------
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, empty_store) -> Path:
+    """The folder a stage runs in (prepared data, an empty default store) as the cwd; the test methods registered."""
+    for var in ("MLFLOW_TRACKING_URI", "DVC_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    write_data(tmp_path)
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    for name, cls in (("stateful", Stateful), ("poison", Poison)):
+        monkeypatch.setitem(METHODS, name, cls)
+        monkeypatch.setattr(cls, "name", name)
+    return tmp_path
+
+
+def config(method: str = "stateful", lr: float = 0.02) -> RunConfig:
+    params = small_params()
+    params["recipes"]["dfp"]["lr"] = lr
+    return resolve_run(params, "dfp", "cifar10", "lenet", method, 0)
+
+
+@pytest.fixture(scope="module")
+def expected() -> tuple[dict, list[dict]]:
+    """The uninterrupted result of config(), from the bare training loop in this process."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(METHODS, "stateful", Stateful)
+        method = Stateful()
+        history = fit(config(), TRAIN, TEST, method)
+    final = final_metrics(history) | method.run_metrics()
+    return {k: v for k, v in final.items() if k not in TIMINGS}, [
+        {k: v for k, v in row.items() if k not in TIMINGS} for row in history
+    ]
+
+
+def in_process_results(final: dict, workdir: Path) -> tuple[dict, list[dict]]:
+    history = read_csv(workdir / "runs" / "dfp" / NAME / "history.csv")
+    without = [{k: float(v) for k, v in row.items() if k not in TIMINGS} for row in history]
+    return {k: v for k, v in final.items() if k not in TIMINGS}, without
+
+
+def store_of(workdir: Path) -> str:
+    return f"sqlite:///{workdir / 'mlflow.db'}"
+
+
+def logged_epochs(workdir: Path) -> list[int]:
+    from mlflow import MlflowClient
+
+    run = only_run(store_of(workdir))
+    return sorted(m.step for m in MlflowClient(store_of(workdir)).get_metric_history(run.info.run_id, "test_acc"))
+
+
+def crash_at_log_of(epoch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run config() and crash after the checkpoint of `epoch` is written, before the store has the epoch."""
+    real_log = RunTracker.log_epoch
+
+    def log_or_crash(self, row):
+        if row["epoch"] == epoch:
+            raise Crash
+        real_log(self, row)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunTracker, "log_epoch", log_or_crash)
+        with pytest.raises(Crash):
+            train_run(config())
+
+
+def test_a_crash_between_checkpoint_and_store_logs_the_missing_epoch_on_resume(workdir, monkeypatch, expected):
+    crash_at_log_of(3, monkeypatch)
+    assert checkpointed_epochs(workdir) == 3 and logged_epochs(workdir) == [1, 2]
+    final = train_run(config())
+    assert in_process_results(final, workdir) == expected
+    run = only_run(store_of(workdir))
+    assert run.info.status == "FINISHED" and run.data.tags["resumed_after_epochs"] == "3"
+    assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
+def test_a_store_that_fails_mid_run_stops_it_with_a_clear_error_and_the_rerun_fills_the_gap(
+    workdir, monkeypatch, expected
+):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    real_log = mlflow.log_metrics
+
+    def failing(metrics, step=None, **kwargs):
+        if step == 3:
+            raise MlflowException("(sqlite3.OperationalError) disk I/O error")
+        return real_log(metrics, step=step, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mlflow, "log_metrics", failing)
+        with pytest.raises(UserError, match=r"cannot log epoch 3 to the MLflow store .* disk I/O error\. The epoch"):
+            train_run(config())
+    assert only_run(store_of(workdir)).info.status == "FAILED"
+    final = train_run(config())
+    assert in_process_results(final, workdir) == expected
+    run = only_run(store_of(workdir))
+    assert run.info.status == "FINISHED"
+    assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_checkpoint_whose_mlflow_run_is_gone_resumes_into_a_new_run_with_every_epoch(
+    workdir, monkeypatch, capsys, empty_store, expected, how
+):
+    crash_at_log_of(3, monkeypatch)
+    gone = only_run(store_of(workdir)).info.run_id
+    if how == "deleted":
+        from mlflow import MlflowClient
+
+        MlflowClient(store_of(workdir)).delete_run(gone)
+    else:  # mlflow.db deleted, or MLFLOW_TRACKING_URI now names another store
+        shutil.copy(empty_store, workdir / "mlflow.db")
+    final = train_run(config())
+    assert f"the MLflow run {gone} of its checkpoint is not in the store" in capsys.readouterr().err
+    assert in_process_results(final, workdir) == expected  # resumed: the checkpoint was good
+    run = only_run(store_of(workdir))
+    assert run.info.run_id != gone and run.info.status == "FINISHED"
+    assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
+def test_a_store_ahead_of_the_checkpoint_never_gets_an_epoch_twice(workdir, monkeypatch, expected):
+    """The checkpoint is written first, so this needs a lost checkpoint write: epoch 3 logged, checkpoint at 2."""
+    real_save = runner.save_checkpoint
+
+    def save(path, state):
+        epochs = len(state["history"])
+        if epochs == 3:
+            return  # lost
+        if epochs == 4:
+            raise Crash
+        real_save(path, state)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "save_checkpoint", save)
+        with pytest.raises(Crash):
+            train_run(config())
+    assert checkpointed_epochs(workdir) == 2 and logged_epochs(workdir) == [1, 2, 3]
+    final = train_run(config())
+    assert in_process_results(final, workdir) == expected
+    run = only_run(store_of(workdir))
+    assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
+def test_a_run_killed_in_its_first_epoch_continues_the_same_mlflow_run(workdir, monkeypatch, expected):
+    def crash(self, epoch, lr):
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Stateful, "on_epoch_start", crash)
+        with pytest.raises(Crash):
+            train_run(config())
+    assert checkpointed_epochs(workdir) == 0 and checkpoint_path(config()).exists()  # holds the MLflow run id
+    final = train_run(config())
+    assert in_process_results(final, workdir) == expected
+    run = only_run(store_of(workdir))
+    assert run.info.status == "FINISHED" and run.data.tags["resumed_after_epochs"] == "0"
+
+
+def test_resuming_without_the_methods_state_would_not_match(workdir, monkeypatch, expected):
+    """The control for the tests above: they would notice a method whose state did not survive the checkpoint."""
+    crash_at_log_of(3, monkeypatch)
+    monkeypatch.setattr(Stateful, "load_state_dict", lambda self, state: None)
+    final = train_run(config())
+    assert in_process_results(final, workdir) != expected
+
+
+def test_a_checkpoint_is_never_resumed_by_another_configuration(workdir, monkeypatch):
+    crash_at_log_of(3, monkeypatch)
+    first = checkpoint_path(config())
+    saved = first.read_bytes()
+    other = config(lr=0.01)  # same run name, other params
+    assert checkpoint_path(other) != first
+    train_run(other)
+    assert first.read_bytes() == saved  # untouched: it still resumes its own configuration
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store_of(workdir))
+    runs = client.search_runs([client.get_experiment_by_name("dfp").experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"]
+    finished = next(r for r in runs if r.info.status == "FINISHED")
+    assert finished.data.params["recipe.lr"] == "0.01" and "resumed_after_epochs" not in finished.data.tags
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other-code", "other-data"])
+def test_an_unusable_checkpoint_is_discarded_with_a_warning_and_the_run_starts_afresh(
+    workdir, monkeypatch, capsys, expected, damage
+):
+    crash_at_log_of(3, monkeypatch)
+    ckpt = checkpoint_path(config())
+    stale_run = only_run(store_of(workdir)).info.run_id
+    if damage == "truncated":  # a full disk, say: torch.load fails
+        ckpt.write_bytes(ckpt.read_bytes()[:1000])
+        reason = "cannot be read"
+    elif damage == "other-code":  # src/cheaptrain changed since: the epochs would mix two versions
+        monkeypatch.setattr(runner, "code_version", lambda: "0" * 16)
+        reason = "different training code"
+    else:  # the prepared data was prepared again from another source (same images here, another manifest)
+        write_data(workdir, source="another archive")
+        reason = "different prepared data"
+    capsys.readouterr()
+    final = train_run(config())
+    warning = capsys.readouterr().err
+    assert f"discarding the checkpoint {ckpt}: it" in warning and reason in warning
+    assert in_process_results(final, workdir) == expected  # from epoch 1, not 4
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store_of(workdir))
+    runs = client.search_runs([client.get_experiment_by_name("dfp").experiment_id])
+    new = next(r for r in runs if r.info.run_id != stale_run)
+    assert new.info.status == "FINISHED" and "resumed_after_epochs" not in new.data.tags
+    assert [m.step for m in client.get_metric_history(new.info.run_id, "test_acc")] == list(range(1, EPOCHS + 1))
+    if damage != "truncated":  # the run id was readable: the old run says why it will never finish
+        assert reason in client.get_run(stale_run).data.tags["abandoned"]
+
+
+def test_a_second_process_on_the_same_configuration_trains_without_touching_the_checkpoint(
+    workdir, monkeypatch, capsys, expected
+):
+    """Queued DVC experiments that share a run train it at once: neither may resume or overwrite the other's state."""
+    crash_at_log_of(3, monkeypatch)
+    ckpt = checkpoint_path(config())
+    saved = ckpt.read_bytes()
+    with open(ckpt.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the process that resumed it would hold it
+        final = train_run(config())
+    assert "another process is training the same configuration" in capsys.readouterr().err
+    assert in_process_results(final, workdir) == expected  # from epoch 1: not resumed
+    assert ckpt.read_bytes() == saved and ckpt.with_suffix(".lock").exists()  # still the other process's
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store_of(workdir))
+    runs = client.search_runs([client.get_experiment_by_name("dfp").experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"]
+
+
+# --- a NaN loss ----------------------------------------------------------------------------------------------
+
+
+def test_a_nan_loss_fails_the_mlflow_run_keeps_the_checkpoint_and_diverges_again_when_rerun(workdir):
+    from mlflow import MlflowClient
+
+    cfg = config("poison")
+    name = "cifar10-lenet-poison-s0"
+    store = store_of(workdir)
+    for attempt in (1, 2):
+        with pytest.raises(TrainingDiverged) as info:
+            train_run(cfg)
+        message = str(info.value)
+        assert "the training loss became nan in epoch 3" in message and "Lower recipes.dfp.lr" in message
+        assert f"is marked FAILED; the checkpoint of epoch 2 is kept in {checkpoint_path(cfg)}" in message
+        assert "\n" not in message
+        run = only_run(store, name)
+        assert run.info.status == "FAILED"
+        for key in ("train_loss", "test_acc"):
+            assert sorted(m.step for m in MlflowClient(store).get_metric_history(run.info.run_id, key)) == [1, 2]
+        if attempt == 2:
+            assert run.data.tags["resumed_after_epochs"] == "2"
+    assert not (workdir / "runs").exists()
+
+
+def test_the_stage_exits_2_on_a_nan_loss_with_the_message(tmp_path, empty_store):
+    repo = make_repo(tmp_path / "repo", empty_store, methods=("poison",))
+    result = run_in(repo, *train_cmd("poison"), check=False, env=ONE_THREAD)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "became nan in epoch 3" in errors[0] and "marked FAILED" in errors[0]
+    assert only_run(f"sqlite:///{repo / 'mlflow.db'}", "cifar10-lenet-poison-s0").info.status == "FAILED"
+
+
+# --- the MLflow store --------------------------------------------------------------------------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _NotMlflow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404, "Not Found", "<html><body>\n<h1>some other web server</h1>\n</body></html>")
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def other_web_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotMlflow)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        pytest.param("http://127.0.0.1:{port}", "Connection refused", id="http-nothing-listening"),
+        pytest.param("{server}", "404", id="http-not-mlflow"),
+        pytest.param("sqlite:///{tmp}/no/such/folder/mlflow.db", "is not an existing folder", id="sqlite-no-folder"),
+        pytest.param("sqlite:///{tmp}/a-file/mlflow.db", "is not an existing folder", id="sqlite-folder-is-a-file"),
+        pytest.param("sqlite:///{tmp}/read-only/mlflow.db", "is not writable", id="sqlite-read-only-folder"),
+        pytest.param("sqlite:///{tmp}", "is not a file", id="sqlite-folder-as-file"),
+        pytest.param("nosuchscheme://host/x", "unsupported URI", id="unknown-scheme"),
+    ],
+)
+def test_an_unusable_tracking_store_fails_at_start_before_any_training(workdir, monkeypatch, uri, expected, request):
+    if "read-only" in uri:
+        if os.geteuid() == 0:
+            pytest.skip("root writes to read-only folders")
+        (workdir / "read-only").mkdir(mode=0o500)
+    (workdir / "a-file").write_text("")
+    server = request.getfixturevalue("other_web_server") if "{server}" in uri else ""
+    uri = uri.format(port=closed_port(), server=server, tmp=workdir)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(UserError) as info:
+        train_run(config())
+    message = str(info.value)
+    assert f"cannot use the MLflow tracking store {uri!r}" in message and expected in message
+    assert "Fix MLFLOW_TRACKING_URI" in message and "\n" not in message
+    assert not (workdir / "checkpoints").exists() and not (workdir / "runs").exists()
+
+
+def test_the_stage_exits_2_at_once_on_an_unreachable_tracking_server(tmp_path, empty_store):
+    repo = make_repo(tmp_path / "repo", empty_store)
+    uri = f"http://127.0.0.1:{closed_port()}"
+    result = run_in(repo, *train_cmd(), check=False, env=ONE_THREAD | {"MLFLOW_TRACKING_URI": uri}, timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "MLFLOW_TRACKING_URI" in errors[0] and uri in errors[0]
+    assert not (repo / "checkpoints").exists() and not (repo / "runs").exists()
+
+
+# --- parallel runs on the SQLite store -------------------------------------------------------------------
+
+
+def test_four_parallel_runs_log_every_epoch_to_a_new_sqlite_store(tmp_path):
+    repo = make_repo(tmp_path / "repo", None, methods=("baseline",), seeds=(0, 1, 2, 3))  # the store: created now
+    env = stage_env(MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1")  # more writers: system metrics every second
+    logs = [tmp_path / f"seed{seed}.log" for seed in range(4)]
+    procs = []
+    for seed, log in enumerate(logs):
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(train_cmd("baseline", seed), cwd=repo, env=env, stdout=f, stderr=f))
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.wait(timeout=600) == 0, log.read_text()
+    for log in logs:
+        assert "locked" not in log.read_text().lower(), log.read_text()
+    store = f"sqlite:///{repo / 'mlflow.db'}"
+    for seed in range(4):
+        name = f"cifar10-lenet-baseline-s{seed}"
+        run = only_run(store, name)
+        assert run.info.status == "FINISHED"
+        history = read_csv(repo / "runs" / "dfp" / name / "history.csv")
+        assert len(history) == EPOCHS
+        assert_each_epoch_once(store, run, history)
+
+
+# --- params ----------------------------------------------------------------------------------------------
+
+
+def test_the_stage_lists_every_bad_param_of_the_grid_and_exits_2_before_any_work(tmp_path):
+    params = small_params(methods=("baseline",))
+    params["recipes"]["dfp"]["epochs"] = 0
+    params["recipes"]["wus"]["lr"] = -0.1
+    params["grid"]["wus"] = params["grid"]["wus"] | {"models": ["lenet", "resnet81"]}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(params))
+    stage = str(REPO / "stages" / "train.py")
+    run = ["--study", "dfp", "--dataset", "cifar10", "--model", "lenet", "--method", "baseline", "--seed", "0"]
+    for args in (run, ["--check"]):
+        result = run_in(tmp_path, "python", stage, *args, "--params", "bad.yaml", check=False)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: invalid params:\n")
+        problems = result.stderr.splitlines()[1:]
+        assert problems == [
+            "  - grid.wus.models: 'resnet81' is unknown (accepted: " + ", ".join(_models()) + ")",
+            "  - recipes.dfp.epochs: 0 is invalid; accepted: a positive integer",
+            "  - recipes.wus.lr: -0.1 is invalid; accepted: a positive number",
+        ], result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # no store, no checkpoint, no output
+
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",))))
+    result = run_in(tmp_path, "python", stage, "--check", "--params", "good.yaml")
+    assert "every run of the grid has valid params" in result.stdout
+
+
+def _models() -> list[str]:
+    from cheaptrain.models import MODELS
+
+    return list(MODELS)
+
+
+def test_validate_grid_accepts_the_repository_params():
+    validate_grid(yaml.safe_load((REPO / "params.yaml").read_text()))
+    validate_grid(small_params(methods=("baseline",)))
+
+
+GRID_BAD = [  # (change to grid.dfp of small_params(), text the error must contain)
+    ({"models": ["lenet", "resnet81"]}, "grid.dfp.models: 'resnet81' is unknown (accepted: "),
+    ({"datasets": ["mnist"]}, "grid.dfp.datasets: 'mnist' is unknown (accepted: cifar10, cifar100)"),
+    ({"datasets": ["cifar100"]}, "grid.dfp.datasets: 'cifar100' is not in download.datasets ['cifar10']"),
+    ({"methods": ["magic"]}, "grid.dfp.methods: 'magic' is unknown (accepted: baseline"),
+    ({"seeds": [0, -1]}, "grid.dfp.seeds: -1 is invalid; accepted: integers >= 0"),
+    ({"seeds": [0, 0]}, "grid.dfp.seeds: [0, 0] repeats a value"),
+    ({"seeds": []}, "grid.dfp.seeds: [] is invalid; accepted: a non-empty list"),
+    ({"models": "lenet"}, "grid.dfp.models: 'lenet' is invalid; accepted: a non-empty list"),
+    ({"model": ["lenet"]}, "grid.dfp.model: unknown (accepted: datasets, models, methods, seeds)"),
+]
+
+
+@pytest.mark.parametrize(("change", "expected"), GRID_BAD, ids=[b[1][:40] for b in GRID_BAD])
+def test_bad_grid_entries_are_reported_with_their_key(change, expected):
+    params = small_params(methods=("baseline",))
+    params["grid"]["dfp"] = params["grid"]["dfp"] | change
+    with pytest.raises(ConfigError) as info:
+        validate_grid(params)
+    assert any(expected in p for p in info.value.problems), info.value.problems
+
+
+def test_grid_problems_of_every_run_are_reported_once():
+    params = small_params(methods=("baseline",))
+    params["recipes"]["dfp"]["batch_size"] = 0  # shared by every dfp run: one line, not one per run
+    params["grid"]["dfp"] = params["grid"]["dfp"] | {"seeds": [0, 1, 2]}
+    params["grid"]["wus"] = "lenet"
+    with pytest.raises(ConfigError) as info:
+        validate_grid(params)
+    assert info.value.problems == [
+        "grid.wus: accepted: a mapping with the lists datasets, models, methods, seeds",
+        "recipes.dfp.batch_size: 0 is invalid; accepted: a positive integer",
+    ]
+
+
+# --- the download stage -----------------------------------------------------------------------------------
+
+
+def test_the_download_stage_fails_in_one_paragraph_leaves_nothing_and_a_retry_succeeds(tmp_path, empty_store):
+    from test_prepare import folder_entries, sample_images, write_archive
+
+    archive = write_archive(tmp_path / "src.tar.gz", folder_entries(sample_images()))
+    good = archive.read_bytes()
+    archive.write_bytes(good[: len(good) // 2])  # a copy that stopped half way
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",))))
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    stage = ("python", str(REPO / "stages" / "download.py"), "--dataset", "cifar10")
+    env = {"CIFAR10_SOURCE": str(archive)}
+    result = run_in(tmp_path, *stage, check=False, env=env)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"Cannot read {archive}" in errors[0] and "truncated or corrupt" in errors[0]
+    assert not (tmp_path / "data").exists()
+    archive.write_bytes(good)
+    assert "cifar10: train 30, test 20 images" in run_in(tmp_path, *stage, env=env).stdout
+
+
+# --- the code a checkpoint depends on ----------------------------------------------------------------------
+
+
+def test_checkpoints_depend_on_the_code_that_dvc_reruns_the_training_stages_for():
+    deps = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train_dfp"]["deps"]
+    package = {Path(d).relative_to("src/cheaptrain").as_posix() for d in deps if d.startswith("src/cheaptrain/")}
+    assert package == set(runner.TRAINING_CODE)
