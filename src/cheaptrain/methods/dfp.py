@@ -145,7 +145,7 @@ class DataFinePruning(Method):
         if not 1 <= self.num_pruned < n:
             raise ConfigError(
                 [f"{key}.prune_num: {self.prune_num!r} prunes {self.num_pruned} of the {n} training samples; accepted: "
-                 f"1 to {n - 1} samples, or a fraction in (0, 1) that leaves at least one sample each way"]
+                 f"1 to {n - 1} samples (a fraction is rounded to a number of samples)"]
             )  # fmt: skip
         if not any(prunes for _, prunes in self.plan):
             raise ConfigError(
@@ -180,21 +180,21 @@ class DataFinePruning(Method):
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)  # once per epoch: the clock measures the selection done
         self.selection_s = time.perf_counter() - start
-        self.totals["pruning_epochs"] += bool(prunes)
+        self.totals["pruning_epochs"] += int(prunes)
         self.totals["pruned_samples"] += self.pruned
         self.totals["selection_s"] += self.selection_s
         return kept
 
     def on_batch_end(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
         # Host time of the hook, without synchronisation: on CPU (synchronous ops) it is the monitoring's whole
-        # cost; on CUDA it is the launch cost of the three small kernels, whose device time is not included.
+        # cost; on CUDA it is the launch cost of its few small kernels, whose device time is not included.
         start = time.perf_counter()
         flagged = losses > losses.mean() * self.factor
         self.counts.index_add_(0, indices, flagged.int())  # indices are distinct within a batch
         self.totals["monitoring_s"] += time.perf_counter() - start
 
     def epoch_metrics(self) -> dict[str, float]:
-        flagged, count_max = torch.stack([self.counts.sum() - self.counts_at_start, self.counts.max()]).tolist()
+        flagged, count_max = torch.stack([self.counts.sum() - self.counts_at_start, self.counts.max().long()]).tolist()
         return {
             "pruned_samples": self.pruned,
             "flagged_samples": flagged,
