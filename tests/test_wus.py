@@ -27,6 +27,12 @@ from conftest import REPO, read_csv, synthetic_split
 N, S = NORMAL, SKIP
 PARAMS = load_params(REPO / "params.yaml")
 
+
+def context(model: nn.Module, lrs=None) -> RunContext:
+    """What the loop hands to setup(); `lrs[e - 1]` is the lr of epoch e."""
+    return RunContext(model, 64, 10, torch.device("cpu"), 0, (lambda e: lrs[e - 1]) if lrs else (lambda e: 0.05))
+
+
 # --------------------------------------------------------------------------------------------------
 # Which tensors a skip epoch trains
 
@@ -83,10 +89,6 @@ def test_bias_layers_beyond_the_model_fail_in_setup_with_a_clear_error():
 # Freezing, through the real training loop
 
 
-def context(model: nn.Module, lrs=None) -> RunContext:
-    return RunContext(model, 64, 10, torch.device("cpu"), 0, (lambda e: lrs[e - 1]) if lrs else (lambda e: 0.05))
-
-
 def held(phases, **params) -> WeightUpdateSkipping:
     """The `wus` method with its phases scripted per epoch instead of decided by the phase machine."""
 
@@ -97,7 +99,7 @@ def held(phases, **params) -> WeightUpdateSkipping:
     return Held(**params)
 
 
-def run_config(model="lenet", epochs=3, method="wus", method_args=None, **recipe) -> RunConfig:
+def run_config(model="lenet", epochs=3, method="wus", **recipe) -> RunConfig:
     values = dict(
         epochs=epochs,
         batch_size=32,
@@ -117,7 +119,6 @@ def run_config(model="lenet", epochs=3, method="wus", method_args=None, **recipe
         method=method,
         seed=3,
         recipe=Recipe(**(values | recipe)),
-        method_args=method_args or {},
         device="cpu",
     )
 
