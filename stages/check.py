@@ -25,8 +25,9 @@ def main() -> None:
     parser.add_argument("--accept", action="store_true", help="copy the summary to the reference path and exit")
     args = parser.parse_args()
 
+    from cheaptrain import atomic_write
     from cheaptrain.aggregate import read_summary
-    from cheaptrain.check import evaluate, load_gate, load_reference, render, write_file
+    from cheaptrain.check import evaluate, load_gate, load_reference, render
     from cheaptrain.config import load_params
 
     gate = load_gate(load_params(args.params))
@@ -35,7 +36,7 @@ def main() -> None:
         target = args.reference or gate.reference
         if target is None:
             raise UserError("no reference path: set params check.reference or pass --reference PATH")
-        write_file(Path(target), Path(args.summary).read_bytes())
+        atomic_write(Path(target), Path(args.summary).read_bytes())
         print(f"accepted {args.summary} ({len(summary)} configurations) as the reference {target}: commit it")
         return
 
@@ -50,7 +51,7 @@ def main() -> None:
         "violations": failed,
         "not_checked": sum(c.status == "skip" for c in checks),
     }
-    write_file(Path(args.out), (json.dumps(outcome, indent=2) + "\n").encode())
+    atomic_write(Path(args.out), (json.dumps(outcome, indent=2) + "\n").encode())
     if failed:
         sys.exit(1)
 

@@ -9,7 +9,6 @@ checked. A null threshold switches that check off for that method.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,15 +154,6 @@ def load_reference(gate: Gate, override: str | None = None) -> list[dict[str, An
             "with `python stages/check.py --accept`, or set check.reference to null"
         )
     return read_summary(Path(path))
-
-
-def write_file(path: Path, data: bytes) -> None:
-    """Write via a temporary file and a rename, like cheaptrain.runner.atomic_write, which imports torch: the gate
-    stays a light, fast command."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def table(checks: list[Check]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from cheaptrain import UserError
+from cheaptrain import UserError, is_int, is_number
 
 DATASETS = {"cifar10": 10, "cifar100": 100}  # name -> number of classes
 SCHEDULES = ("multistep", "step", "cosine")
@@ -111,14 +111,6 @@ def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     return params
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def validate_recipe(name: str, raw: Any) -> tuple[Recipe | None, list[str]]:
     """Check `recipes.<name>`; return the recipe (None when unusable) and one line per problem."""
     key = f"recipes.{name}"
@@ -136,14 +128,14 @@ def validate_recipe(name: str, raw: Any) -> tuple[Recipe | None, list[str]]:
         if k in raw and not ok:
             problems.append(f"{key}.{k}: {raw[k]!r} is invalid; accepted: {accepted}")
 
-    check("epochs", _is_int(raw["epochs"]) and raw["epochs"] > 0, "a positive integer")
-    check("batch_size", _is_int(raw["batch_size"]) and raw["batch_size"] > 0, "a positive integer")
-    check("lr", _is_number(raw["lr"]) and raw["lr"] > 0, "a positive number")
-    check("momentum", _is_number(raw["momentum"]) and 0 <= raw["momentum"] < 1, "a number in [0, 1)")
-    check("weight_decay", _is_number(raw["weight_decay"]) and raw["weight_decay"] >= 0, "a number >= 0")
+    check("epochs", is_int(raw["epochs"]) and raw["epochs"] > 0, "a positive integer")
+    check("batch_size", is_int(raw["batch_size"]) and raw["batch_size"] > 0, "a positive integer")
+    check("lr", is_number(raw["lr"]) and raw["lr"] > 0, "a positive number")
+    check("momentum", is_number(raw["momentum"]) and 0 <= raw["momentum"] < 1, "a number in [0, 1)")
+    check("weight_decay", is_number(raw["weight_decay"]) and raw["weight_decay"] >= 0, "a number >= 0")
     check("nesterov", isinstance(raw["nesterov"], bool), "true or false")
     check("augment", isinstance(raw.get("augment"), bool), "true or false")
-    check("gamma", _is_number(raw.get("gamma")) and 0 < raw.get("gamma", 0) <= 1, "a number in (0, 1]")
+    check("gamma", is_number(raw.get("gamma")) and 0 < raw.get("gamma", 0) <= 1, "a number in (0, 1]")
     check("schedule", raw["schedule"] in SCHEDULES, " | ".join(SCHEDULES))
     model_args = raw.get("model_args", {})
     check(
@@ -153,16 +145,16 @@ def validate_recipe(name: str, raw: Any) -> tuple[Recipe | None, list[str]]:
     )
     if raw["nesterov"] is True and raw["momentum"] == 0:
         problems.append(f"{key}.nesterov: Nesterov momentum needs momentum > 0")
-    epochs = raw["epochs"] if _is_int(raw["epochs"]) else None
+    epochs = raw["epochs"] if is_int(raw["epochs"]) else None
     if raw["schedule"] == "multistep":
         ms = raw.get("milestones")
-        if not isinstance(ms, list) or not all(_is_int(m) for m in ms) or ms != sorted(set(ms)):
+        if not isinstance(ms, list) or not all(is_int(m) for m in ms) or ms != sorted(set(ms)):
             problems.append(f"{key}.milestones: {ms!r} is invalid; accepted: increasing epoch numbers")
         elif epochs and any(not 1 <= m < epochs for m in ms):
             problems.append(f"{key}.milestones: {ms} lie outside the run; accepted: epochs in [1, {epochs - 1}]")
     if raw["schedule"] == "step":
         s = raw.get("step_size")
-        if not (_is_int(s) and s > 0):
+        if not (is_int(s) and s > 0):
             problems.append(f"{key}.step_size: {s!r} is invalid; accepted: a positive integer (epochs)")
         elif epochs and s >= epochs:
             problems.append(f"{key}.step_size: {s} never changes the lr in a {epochs}-epoch run; accepted: < {epochs}")
@@ -193,7 +185,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         problems.append(f"model {model!r}: unknown (accepted: {', '.join(MODELS)})")
     if method not in METHODS:
         problems.append(f"method {method!r}: unknown (accepted: {', '.join(METHODS)})")
-    if not _is_int(seed) or seed < 0:
+    if not is_int(seed) or seed < 0:
         problems.append(f"seed {seed!r}: accepted: an integer >= 0")
 
     train = params.get("train") or {}
@@ -206,7 +198,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         if not isinstance(train.get(k, True), bool):
             problems.append(f"train.{k}: {train[k]!r} is invalid; accepted: true or false")
     ebs = train.get("eval_batch_size", 1000)
-    if not (_is_int(ebs) and ebs > 0):
+    if not (is_int(ebs) and ebs > 0):
         problems.append(f"train.eval_batch_size: {ebs!r} is invalid; accepted: a positive integer")
     model_args = recipe.model_args.get(model, {}) if recipe else {}
 
@@ -276,7 +268,7 @@ def validate_grid(params: dict[str, Any]) -> None:
             if len(set(map(str, values))) < len(values):
                 problems.append(f"{key}.{k}: {values} repeats a value (each run must be named once)")
             if k == "seeds":
-                bad = [v for v in values if not (_is_int(v) and v >= 0)]
+                bad = [v for v in values if not (is_int(v) and v >= 0)]
                 problems += [f"{key}.seeds: {v!r} is invalid; accepted: integers >= 0" for v in bad]
             else:
                 bad = [v for v in values if not (isinstance(v, str) and v in accepted[k])]

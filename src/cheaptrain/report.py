@@ -20,7 +20,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from cheaptrain import UserError
+from cheaptrain import UserError, atomic_write
 from cheaptrain.aggregate import (
     BASELINE,
     KEY,
@@ -683,7 +683,6 @@ def agreement(params: dict[str, Any]) -> dict[str, float]:
 def write_results(params: dict[str, Any], runs_root: Path, published_path: Path, out: Path) -> tuple[list, str]:
     """The aggregate stage: read the runs, write every output under `out` (each atomically), log the MLflow run.
     Returns the summary and the MLflow run id."""
-    from cheaptrain.runner import atomic_write  # late: it imports torch
 
     measures, agree = accuracy_measures(params), agreement(params)
     runs = collect(params, runs_root)

@@ -23,9 +23,7 @@ import fcntl
 import hashlib
 import io
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 
 import torch
 
+from cheaptrain import atomic_write
 from cheaptrain.config import RunConfig
 from cheaptrain.methods import create_method
 from cheaptrain.prepare import load_split
@@ -52,21 +51,6 @@ TRAINING_CODE = (
     "trainer.py",
 )
 IDENTITY_NAMES = {"config": "configuration", "code": "training code", "data": "prepared data", "device": "device"}
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write via a temporary file and a rename: readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def checkpoint_path(cfg: RunConfig) -> Path:

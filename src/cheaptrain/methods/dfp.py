@@ -24,12 +24,12 @@ epoch at e mod window == 0 (possible once the starting point reaches 0) uses the
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 import torch
 
+from cheaptrain import is_int, is_number
 from cheaptrain.config import ConfigError
 from cheaptrain.methods import Method, RunContext, register
 
@@ -75,14 +75,6 @@ def paper_pruning_epochs(epochs: int, window: int, starting_point: int, block: i
     return n_prune
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_params(name: str, p: dict[str, Any]) -> list[str]:
     """One line per invalid parameter of `methods.<name>`, naming the key and what it accepts."""
     problems = []
@@ -90,22 +82,22 @@ def check_params(name: str, p: dict[str, Any]) -> list[str]:
     def bad(key: str, accepted: str) -> None:
         problems.append(f"methods.{name}.{key}: {p[key]!r} is invalid; accepted: {accepted}")
 
-    if not (_is_number(p["tolerance"]) and p["tolerance"] >= 0):
+    if not (is_number(p["tolerance"]) and p["tolerance"] >= 0):
         bad("tolerance", "a number >= 0 (0.1: a loss 10% above its batch's mean counts)")
-    if not (_is_int(p["window"]) and p["window"] >= 1):
+    if not (is_int(p["window"]) and p["window"] >= 1):
         bad("window", "a positive integer (epochs)")
-    elif not (_is_int(p["starting_point"]) and 0 <= p["starting_point"] < p["window"]):
+    elif not (is_int(p["starting_point"]) and 0 <= p["starting_point"] < p["window"]):
         bad("starting_point", f"an integer in [0, window - 1] = [0, {p['window'] - 1}] (e mod window < window)")
-    if not (_is_number(p["attenuation"]) and p["attenuation"] >= 1):
+    if not (is_number(p["attenuation"]) and p["attenuation"] >= 1):
         bad("attenuation", "a number >= 1 (1: the starting point never changes)")
     if p["attenuate_every"] not in ATTENUATE_EVERY:
         bad("attenuate_every", " | ".join(ATTENUATE_EVERY))
-    if not (_is_int(p["block"]) and p["block"] >= 1):
+    if not (is_int(p["block"]) and p["block"] >= 1):
         bad("block", "a positive integer (epochs)")
-    elif not (_is_int(p["count"]) and 1 <= p["count"] <= p["block"]):
+    elif not (is_int(p["count"]) and 1 <= p["count"] <= p["block"]):
         bad("count", f"an integer in [1, block] = [1, {p['block']}] (pruning epochs per block)")
     prune_num = p["prune_num"]
-    if not ((_is_int(prune_num) and prune_num >= 1) or (isinstance(prune_num, float) and 0 < prune_num < 1)):
+    if not ((is_int(prune_num) and prune_num >= 1) or (isinstance(prune_num, float) and 0 < prune_num < 1)):
         bad("prune_num", "a number of samples (an integer >= 1) or a fraction of the training set in (0, 1)")
     return problems
 

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from cheaptrain import is_int, is_number
 from cheaptrain.config import ConfigError
 from cheaptrain.methods import register
 from cheaptrain.methods.base import Method, RunContext
@@ -57,20 +58,12 @@ def skip_trainable(model: nn.Module, bias_layers: int, key: str = "bias_layers")
     return names
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
 CHECKS = {  # parameter -> (valid?, accepted values)
-    "std_window": (lambda v: _is_int(v) and v >= 2, "an integer >= 2 (epochs)"),
-    "std_threshold": (lambda v: _is_number(v) and v > 0, "a number > 0 (percentage points)"),
-    "patience": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (epochs)"),
-    "delta": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (percentage points)"),
-    "bias_layers": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (layers with parameters, from the output)"),
+    "std_window": (lambda v: is_int(v) and v >= 2, "an integer >= 2 (epochs)"),
+    "std_threshold": (lambda v: is_number(v) and v > 0, "a number > 0 (percentage points)"),
+    "patience": (lambda v: is_int(v) and v >= 1, "an integer >= 1 (epochs)"),
+    "delta": (lambda v: is_number(v) and v >= 0, "a number >= 0 (percentage points)"),
+    "bias_layers": (lambda v: is_int(v) and v >= 1, "an integer >= 1 (layers with parameters, from the output)"),
     "lr_fallback": (lambda v: v in LR_FALLBACKS, " | ".join(LR_FALLBACKS)),
 }
 
