@@ -1,36 +1,38 @@
 """The tensor-resident loader: crops, flips and normalisation equal torchvision's on the same draws."""
 
 import torch
+import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 
-from cheaptrain.data import DeviceData, channel_stats, random_crop, random_flip
+from cheaptrain.data import DeviceData, channel_stats, random_crop_flip
 
 from conftest import synthetic_split
 
 
-def test_random_crop_matches_torchvision_pad_then_crop():
-    images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8)
-    out = random_crop(images, 4, torch.Generator().manual_seed(1))
-    replay = torch.Generator().manual_seed(1)  # the same draws, in the same order
-    dy = torch.randint(0, 9, (64,), generator=replay)
-    dx = torch.randint(0, 9, (64,), generator=replay)
-    for i in range(64):
-        chw = images[i].permute(2, 0, 1)
-        expected = TF.crop(TF.pad(chw, [4]), int(dy[i]), int(dx[i]), 32, 32)  # zero fill, like RandomCrop
-        assert torch.equal(out[i].permute(2, 0, 1), expected)
-    assert len(set(zip(dy.tolist(), dx.tolist(), strict=True))) > 30  # offsets really vary per image
-
-
-def test_random_flip_flips_about_half_exactly():
+def test_random_crop_flip_matches_torchvision_pad_crop_then_flip():
     images = torch.randint(0, 256, (400, 32, 32, 3), dtype=torch.uint8)
-    out = random_flip(images, torch.Generator().manual_seed(2))
-    flipped = [
-        torch.equal(o, TF.horizontal_flip(i.permute(2, 0, 1)).permute(1, 2, 0))
-        for o, i in zip(out, images, strict=False)
-    ]
-    kept = [torch.equal(o, i) for o, i in zip(out, images, strict=True)]
-    assert all(f or k for f, k in zip(flipped, kept, strict=True))
-    assert 150 < sum(flipped) < 250
+    padded = F.pad(images, (0, 0, 4, 4, 4, 4))
+    indices = torch.randperm(400, generator=torch.Generator().manual_seed(0))[:300]
+    out = random_crop_flip(padded, indices, 4, torch.Generator().manual_seed(1))
+    replay = torch.Generator().manual_seed(1)  # the same draws, in the same order
+    dy = torch.randint(0, 9, (300,), generator=replay)
+    dx = torch.randint(0, 9, (300,), generator=replay)
+    flip = torch.rand(300, generator=replay) < 0.5
+    for k, i in enumerate(indices.tolist()):
+        chw = images[i].permute(2, 0, 1)
+        expected = TF.crop(TF.pad(chw, [4]), int(dy[k]), int(dx[k]), 32, 32)  # zero fill, like RandomCrop
+        if flip[k]:
+            expected = TF.horizontal_flip(expected)
+        assert torch.equal(out[k].permute(2, 0, 1), expected)
+    assert len(set(zip(dy.tolist(), dx.tolist(), strict=True))) > 60  # offsets really vary per image
+    assert 110 < int(flip.sum()) < 190  # about half flipped
+
+
+def test_a_batch_without_augmentation_is_the_stored_images():
+    split = synthetic_split(32)
+    data = DeviceData(split, torch.device("cpu"), torch.zeros(3), torch.ones(3) / 255)  # x = pixel values
+    x, _ = data.batch(torch.tensor([7, 2]))
+    assert torch.equal(x.permute(0, 2, 3, 1), torch.from_numpy(split.images[[7, 2]]).float())
 
 
 def test_batch_normalises_like_to_tensor_and_normalize():
