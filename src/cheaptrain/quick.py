@@ -4,8 +4,8 @@
     python -m cheaptrain.quick --dry-run          # print the command only
     python -m cheaptrain.quick -- --temp          # anything after -- goes to `dvc exp run`
 
-The experiment runs in the workspace: afterwards params.yaml holds the quick values (`git checkout params.yaml
-dvc.lock` returns to the papers' setting) and `dvc exp show` lists it beside the others.
+The experiment runs in the workspace: afterwards params.yaml holds the quick values (`git checkout params.yaml`
+returns to the papers' setting) and `dvc exp show` lists it beside the others.
 """
 
 from __future__ import annotations
