@@ -31,6 +31,27 @@ def synthetic_split(n: int, num_classes: int = 10, seed: int = 0):
     return Split(images=images, labels=labels, classes=[f"c{i}" for i in range(num_classes)])
 
 
+def small_config(
+    epochs: int = 3,
+    study: str = "test",
+    method: str = "baseline",
+    model: str = "lenet",
+    seed: int = 7,
+    **recipe_overrides,
+):
+    """A RunConfig for a few quick CPU epochs of `model` (SGD, lr 0.05, batch 32), the recipe's fields overridable."""
+    from cheaptrain.config import Recipe, RunConfig  # late: keeps conftest importable before the package is
+
+    recipe = dict(
+        epochs=epochs, batch_size=32, lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=False,
+        schedule="multistep", milestones=(2,), gamma=0.1, augment=True,
+    )  # fmt: skip
+    return RunConfig(
+        study=study, dataset="cifar10", model=model, method=method, seed=seed,
+        recipe=Recipe(**(recipe | recipe_overrides)), device="cpu",
+    )  # fmt: skip
+
+
 def copy_repo(dest: Path) -> Path:
     """A fresh git repository holding this checkout's files (tracked and untracked-not-ignored), committed."""
     listed = subprocess.run(

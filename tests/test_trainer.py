@@ -5,34 +5,17 @@ import io
 import pytest
 import torch
 
-from cheaptrain.config import Recipe, RunConfig
+from cheaptrain.config import RunConfig
 from cheaptrain.methods import Method
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
 
-from conftest import synthetic_split
+from conftest import small_config, synthetic_split
 
 TIMINGS = ("epoch_train_s", "eval_s")
 
 
 def config(epochs: int = 3, **recipe_overrides) -> RunConfig:
-    recipe = (
-        dict(
-            epochs=epochs,
-            batch_size=32,
-            lr=0.05,
-            momentum=0.9,
-            weight_decay=5e-4,
-            nesterov=False,
-            schedule="multistep",
-            milestones=(2,),
-            gamma=0.1,
-            augment=True,
-        )
-        | recipe_overrides
-    )
-    return RunConfig(
-        study="test", dataset="cifar10", model="lenet", method="baseline", seed=7, recipe=Recipe(**recipe), device="cpu"
-    )
+    return small_config(epochs, **recipe_overrides)
 
 
 def without_timings(history):

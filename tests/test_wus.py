@@ -15,14 +15,14 @@ import yaml
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from cheaptrain.config import ConfigError, Recipe, RunConfig, load_params, resolve_run
+from cheaptrain.config import ConfigError, RunConfig, load_params, resolve_run
 from cheaptrain.data import DeviceData, channel_stats
 from cheaptrain.methods import RunContext, create_method
 from cheaptrain.methods.wus import NORMAL, SKIP, WeightUpdateSkipping, layers_with_parameters, skip_trainable
 from cheaptrain.models import create_model
 from cheaptrain.trainer import fit, train_epoch
 
-from conftest import REPO, read_csv, synthetic_split
+from conftest import REPO, read_csv, small_config, synthetic_split
 
 N, S = NORMAL, SKIP
 PARAMS = load_params(REPO / "params.yaml")
@@ -100,27 +100,9 @@ def held(phases, **params) -> WeightUpdateSkipping:
 
 
 def run_config(model="lenet", epochs=3, method="wus", **recipe) -> RunConfig:
-    values = dict(
-        epochs=epochs,
-        batch_size=32,
-        lr=0.05,
-        momentum=0.9,
-        weight_decay=1e-4,
-        nesterov=False,
-        schedule="multistep",
-        milestones=(epochs - 1,),
-        gamma=0.1,
-        augment=False,
-    )
-    return RunConfig(
-        study="wus",
-        dataset="cifar10",
-        model=model,
-        method=method,
-        seed=3,
-        recipe=Recipe(**(values | recipe)),
-        device="cpu",
-    )
+    """A few epochs with the WUS recipe's character: weight decay 1e-4, no augmentation, one lr drop."""
+    wus_like = dict(weight_decay=1e-4, milestones=(epochs - 1,), augment=False)
+    return small_config(epochs, study="wus", method=method, model=model, seed=3, **(wus_like | recipe))
 
 
 @pytest.mark.parametrize(("model_name", "bias_layers", "samples"), [("lenet", 1, 256), ("vgg11", 2, 64)])
