@@ -52,12 +52,20 @@ def small_config(
     )  # fmt: skip
 
 
+# what a pipeline run leaves in a checkout, untracked: never copied, so tests start clean after `make quickstart`
+OUTPUTS = ("runs/", "results/", "data/prepared/", "checkpoints/", "mlartifacts/", "dvc.lock", "mlflow.db")
+
+
+def git_files(*options: str) -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-z", *options], cwd=REPO, check=True, capture_output=True, text=True)
+    return list(filter(None, listed.stdout.split("\0")))
+
+
 def copy_repo(dest: Path) -> Path:
-    """A fresh git repository holding this checkout's files (tracked and untracked-not-ignored), committed."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.split("\0")
-    for name in filter(None, listed):
+    """A fresh git repository holding this checkout's files (tracked, and untracked-not-ignored ones that are not
+    pipeline outputs), committed."""
+    untracked = [name for name in git_files("-o", "--exclude-standard") if not name.startswith(OUTPUTS)]
+    for name in git_files("-c") + untracked:
         src = REPO / name
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,6 @@ class DeviceData:
     ) -> None:
         images = torch.from_numpy(split.images).to(device)
         self.padded = F.pad(images, (0, 0, PAD, PAD, PAD, PAD))  # [N, H + 2 PAD, W + 2 PAD, C]; pads C by 0
-        self.images = self.padded[:, PAD:-PAD, PAD:-PAD]  # a view: the unpadded images
         self.labels = torch.from_numpy(split.labels).to(device)
         self.device = device
         # normalisation in 0-255 units, shaped to broadcast over [B, C, H, W]
@@ -38,8 +37,11 @@ class DeviceData:
         self, indices: torch.Tensor, augment: bool = False, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Images (float, normalised, [B, C, H, W]) and labels of `indices`, augmented if asked."""
-        # [B, H, W, C] uint8
-        images = random_crop_flip(self.padded, indices, PAD, generator) if augment else self.images[indices]
+        # [B, H, W, C] uint8 from one gather of pixels
+        if augment:
+            images = random_crop_flip(self.padded, indices, PAD, generator)
+        else:
+            images = crop(self.padded, indices, PAD, PAD, PAD)  # the unpadded images
         # layout first, then float, then normalise in place: each step is ~10x cheaper on CPU in this order
         x = images.permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format).float()
         return x.sub_(self.mean).div_(self.std), self.labels[indices]
@@ -49,17 +51,33 @@ def random_crop_flip(
     padded: torch.Tensor, indices: torch.Tensor, pad: int, generator: torch.Generator | None
 ) -> torch.Tensor:
     """Images `indices` of `padded` [N, H + 2 pad, W + 2 pad, C], each cropped to H x W at a random offset and
-    flipped left-right with probability 1/2: one gather of pixels, half the cost of a crop, then a flip, on CPU."""
-    n, hp, wp, c = padded.shape
-    h, w, b, device = hp - 2 * pad, wp - 2 * pad, len(indices), padded.device
+    flipped left-right with probability 1/2."""
+    b, device = len(indices), padded.device
     dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=device)
     dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=device)
     flip = torch.rand(b, generator=generator, device=device) < 0.5
-    cols = torch.arange(w, device=device)
-    cols = torch.where(flip[:, None], cols.flip(0), cols) + dx[:, None]  # [B, W]: a flip reads the columns backwards
-    rows = dy[:, None] + torch.arange(h, device=device)  # [B, H]
-    pixels = indices[:, None, None] * (hp * wp) + rows[:, :, None] * wp + cols[:, None, :]  # [B, H, W]
-    return padded.view(n * hp * wp, c)[pixels.view(-1)].view(b, h, w, c)
+    return crop(padded, indices, pad, dy, dx, flip)
+
+
+def crop(
+    padded: torch.Tensor,
+    indices: torch.Tensor,
+    pad: int,
+    dy: torch.Tensor | int,
+    dx: torch.Tensor | int,
+    flip: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The H x W crops at offsets (dy, dx) (per image, or one for all) of images `indices` of `padded`, flipped
+    left-right where `flip`: one index_select of pixels, half the cost of a crop then a flip on CPU."""
+    n, hp, wp, c = padded.shape
+    h, w, device = hp - 2 * pad, wp - 2 * pad, padded.device
+    dy, dx = torch.as_tensor(dy, device=device).view(-1, 1), torch.as_tensor(dx, device=device).view(-1, 1)
+    cols = torch.arange(w, device=device).expand(len(indices), w)
+    if flip is not None:
+        cols = torch.where(flip[:, None], cols.flip(1), cols)  # a flip reads the columns backwards
+    rows = dy + torch.arange(h, device=device)  # [B or 1, H]
+    pixels = indices[:, None, None] * (hp * wp) + rows[:, :, None] * wp + (cols + dx)[:, None, :]  # [B, H, W]
+    return padded.view(n * hp * wp, c).index_select(0, pixels.view(-1)).view(len(indices), h, w, c)
 
 
 def channel_stats(images_uint8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
