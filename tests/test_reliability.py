@@ -190,7 +190,7 @@ def test_a_stage_stopped_by_sigterm_then_killed_by_sigkill_resumes_to_the_uninte
     terminated_after = checkpointed_epochs(repo)
     assert proc.returncode == 130, stderr
     assert f"{NAME}: interrupted; the checkpoint of epoch" in stderr and "run again to resume" in stderr
-    assert only_run(store).info.status == "KILLED"
+    assert only_run(store).info.status == "KILLED", stderr
 
     with open(tmp_path / "killed.log", "w") as log:
         proc = subprocess.Popen(train_cmd(), cwd=repo, env=slow, stdout=log, stderr=subprocess.STDOUT)

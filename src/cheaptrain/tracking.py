@@ -231,12 +231,23 @@ class RunTracker:
 
     def fail(self, status: str = "FAILED") -> None:
         """Mark the run FAILED or KILLED; never hides the error that stopped it (the store may be what failed)."""
-        if self.mlflow.active_run() is None:
+        from mlflow import MlflowClient
+
+        if self.run_id is None:  # failed before the run started
             return
+        error: Exception | None = None
         try:
-            self.mlflow.end_run(status)
+            if self.mlflow.active_run() is not None:
+                self.mlflow.end_run(status)
         except Exception as e:
-            print(f"warning: could not mark the MLflow run {self.run_id} {status}: {type(e).__name__}", file=sys.stderr)
+            error = e
+        try:  # check in the store: an interrupt inside MLflow's own calls can leave the run RUNNING there
+            client = MlflowClient()
+            if client.get_run(self.run_id).info.status == "RUNNING":
+                client.set_terminated(self.run_id, status)
+        except Exception as e:
+            error = error or e
+            print(f"warning: could not mark the MLflow run {self.run_id} {status}: {error!r}", file=sys.stderr)
 
     @staticmethod
     def abandon(run_id: str, reason: str) -> None:
