@@ -49,10 +49,11 @@ class PILDataset(Dataset):
         return self.transform(Image.fromarray(self.images[i])), int(self.labels[i])
 
 
-def conventional_epoch(model, optimizer, loader) -> float:
+def plain_epoch(model, optimizer, batches) -> float:
+    """Seconds of one epoch of plain SGD steps over `batches` (a DataLoader, or a list of ready batches)."""
     start = time.perf_counter()
     model.train()
-    for x, y in loader:
+    for x, y in batches:
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -102,19 +103,13 @@ def main() -> None:
         model = model.to(memory_format=torch.channels_last)
         data = DeviceData(split, device, mean, std, channels_last=True)
         order = torch.randperm(len(split.labels), generator=generator)
-        batches = [data.batch(b, augment=True, generator=generator) for b in order.split(128)]
-        start = time.perf_counter()
-        for x, y in batches:
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        return time.perf_counter() - start
+        batches = [data.batch(b, augment=True, generator=generator) for b in order.split(128)]  # untimed
+        return plain_epoch(model, optimizer, batches)
 
     times: dict[str, list[float]] = {"conventional": [], "ours": [], "ours, NCHW": [], "model only": []}
     for repeat in range(args.repeats):
         model, optimizer = fresh()
-        times["conventional"].append(conventional_epoch(model, optimizer, conventional))
+        times["conventional"].append(plain_epoch(model, optimizer, conventional))
         times["ours"].append(ours(channels_last=True))
         times["ours, NCHW"].append(ours(channels_last=False))
         times["model only"].append(model_only())

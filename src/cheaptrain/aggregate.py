@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cheaptrain import UserError
+from cheaptrain import UserError, is_number
 
 KEY = ("study", "dataset", "model", "method")
 BASELINE = "baseline"
@@ -83,10 +83,6 @@ def grid_runs(params: dict[str, Any]) -> Iterator[tuple[str, str, str, str, int]
         )
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def read_run(folder: Path, study: str, dataset: str, model: str, method: str, seed: int) -> Run:
     """One finished run; a UserError names the file and what is wrong with it."""
     try:
@@ -96,7 +92,7 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
         raise UserError(f"{folder}: a JSON file is malformed ({e}); rerun the run with `dvc repro`") from e
     if not isinstance(metrics, dict) or not isinstance(info, dict):
         raise UserError(f"{folder}: metrics.json and run.json must each hold a JSON object")
-    bad = [k for k in REQUIRED_METRICS if not _number(metrics.get(k))]
+    bad = [k for k in REQUIRED_METRICS if not is_number(metrics.get(k))]
     if bad:
         raise UserError(f"{folder}/metrics.json: missing or not a finite number: {', '.join(bad)}")
     with open(folder / "history.csv", newline="") as f:
@@ -109,7 +105,7 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
             history.append({k: float(v) for k, v in row.items() if v not in ("", None)})
         except ValueError as e:
             raise UserError(f"{folder}/history.csv line {i}: {e}") from e
-    numbers = {k: v for k, v in metrics.items() if _number(v)}
+    numbers = {k: v for k, v in metrics.items() if is_number(v)}
     config, run_id = info.get("config") or {}, info.get("mlflow_run_id") or ""
     return Run(study, dataset, model, method, seed, numbers, history, config, run_id)
 

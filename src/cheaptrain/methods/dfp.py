@@ -7,9 +7,9 @@ Monitoring (Algorithm 1): in every training batch, each sample whose loss exceed
 than `tolerance` (relative) gets dropping_count += 1. The counts live on the training device and are updated from
 the losses of the training forward pass, without host synchronisation. At the start of epoch e, if
 e mod window == 0, every count is reset: a new window begins. A batch's hook only keeps its (detached) losses and
-indices; the counts take them in one vectorised update whenever they are read (`counts`), at the latest when the
-next epoch starts: the same counts as a per-batch update, for about a tenth of the cost on CPU, where a handful of
-small ops per batch cost more than 0.5% of a LeNet epoch (benchmarks/dfp.py).
+indices; the counts take them in one vectorised update (`count_pending`) whenever they are read, at the latest
+when the next epoch starts: the same counts as a per-batch update, for about a tenth of the cost on CPU, where a
+handful of small ops per batch cost more than 0.5% of a LeNet epoch (benchmarks/dfp.py).
 
 Schedule (Algorithm 2): epoch e prunes iff e mod window >= starting_point and e mod block < count. After the first
 window the starting point is attenuated, starting_point = int(starting_point / attenuation): once at the start of
@@ -166,7 +166,7 @@ class DataFinePruning(Method):
         return torch.topk(keys, n - self.num_pruned, largest=False, sorted=False).indices.sort().values
 
     def on_epoch_start(self, epoch: int, lr: float) -> torch.Tensor | None:
-        self.counts  # noqa: B018 - counts the last epoch's batches now, timed as monitoring, not as selection
+        self.count_pending()  # the last epoch's batches, timed as monitoring, not as selection
         start = time.perf_counter()
         self.starting_point, prunes = self.plan[epoch - 1]
         kept = self.select() if prunes else None  # before the reset: see the module docstring
@@ -190,21 +190,26 @@ class DataFinePruning(Method):
     @property
     def counts(self) -> torch.Tensor:
         """dropping_count, with every batch seen so far counted."""
-        if self.pending:
-            # Host time, without synchronisation: on CPU (synchronous ops) the whole cost; on CUDA the launch
-            # cost of a few kernels, whose device time (microseconds an epoch) is not included.
-            start = time.perf_counter()
-            device = self._counts.device
-            sizes = torch.tensor([len(i) for i, _ in self.pending], device=device)
-            indices = torch.cat([i for i, _ in self.pending])
-            losses = torch.cat([loss for _, loss in self.pending])
-            batch = torch.repeat_interleave(sizes)  # the batch of each loss
-            means = torch.zeros(len(sizes), dtype=losses.dtype, device=device).index_add_(0, batch, losses) / sizes
-            flagged = losses > means[batch] * self.factor  # Algorithm 1: above the batch mean by the tolerance
-            self._counts.index_add_(0, indices, flagged.int())  # repeated indices accumulate
-            self.pending.clear()
-            self.totals["monitoring_s"] += time.perf_counter() - start
+        self.count_pending()
         return self._counts
+
+    def count_pending(self) -> None:
+        """Add the batches kept by on_batch_end to the counts, in one vectorised update. Host time, without
+        synchronisation: on CPU (synchronous ops) the whole cost; on CUDA the launch cost of a few kernels, whose
+        device time (microseconds an epoch) is not included."""
+        if not self.pending:
+            return
+        start = time.perf_counter()
+        device = self._counts.device
+        sizes = torch.tensor([len(i) for i, _ in self.pending], device=device)
+        indices = torch.cat([i for i, _ in self.pending])
+        losses = torch.cat([loss for _, loss in self.pending])
+        batch = torch.repeat_interleave(sizes)  # the batch of each loss
+        means = torch.zeros(len(sizes), dtype=losses.dtype, device=device).index_add_(0, batch, losses) / sizes
+        flagged = losses > means[batch] * self.factor  # Algorithm 1: above the batch mean by the tolerance
+        self._counts.index_add_(0, indices, flagged.int())  # repeated indices accumulate
+        self.pending.clear()
+        self.totals["monitoring_s"] += time.perf_counter() - start
 
     def epoch_metrics(self) -> dict[str, float]:
         flagged, count_max = torch.stack([self.counts.sum() - self.counts_at_start, self.counts.max().long()]).tolist()
