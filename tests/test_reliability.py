@@ -317,6 +317,20 @@ def crash_at_log_of(epoch: int, monkeypatch: pytest.MonkeyPatch) -> None:
             train_run(config())
 
 
+def test_a_run_that_mlflow_left_running_is_marked_killed_in_the_store(workdir, monkeypatch):
+    """An interrupt inside MLflow's own calls can leave fluent end_run without effect: fail() checks the store."""
+    from mlflow import MlflowClient
+
+    tracker = RunTracker("test")
+    tracker.start("cifar10-lenet-stateful-s0", {}, {})
+    with monkeypatch.context() as patch:
+        patch.setattr(tracker.mlflow, "end_run", lambda status: None)  # the status never reaches the store
+        tracker.fail("KILLED")
+    status = MlflowClient().get_run(tracker.run_id).info.status
+    tracker.mlflow.end_run("KILLED")  # leave no active run behind for the tests that follow in this process
+    assert status == "KILLED"
+
+
 def test_a_crash_between_checkpoint_and_store_logs_the_missing_epoch_on_resume(workdir, monkeypatch, expected):
     crash_at_log_of(3, monkeypatch)
     assert checkpointed_epochs(workdir) == 3 and logged_epochs(workdir) == [1, 2]
