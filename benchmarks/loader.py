@@ -12,6 +12,10 @@ The trainer also keeps tensors channels_last (NHWC), which speeds up the model's
 this loop with and without it, so the loader's own share of the speed-up is visible. A fourth timing, the model's
 steps on batches made beforehand, with no loading at all, gives the ceiling any loader could reach. The loops
 alternate so that machine noise hits all of them; the script prints every epoch time and the ratios of the medians.
+
+The trainer sets glibc's malloc to keep freed memory (cheaptrain.trainer.keep_freed_memory); the script does the
+same at start, so every loop, the conventional one and its workers included, runs under it. `--default-malloc`
+leaves glibc's default, to see what the setting is worth.
 """
 
 import argparse
@@ -33,7 +37,7 @@ from cheaptrain.data import DeviceData, channel_stats
 from cheaptrain.methods import Method
 from cheaptrain.models import create_model
 from cheaptrain.prepare import load_split
-from cheaptrain.trainer import train_epoch
+from cheaptrain.trainer import keep_freed_memory, train_epoch
 
 
 class PILDataset(Dataset):
@@ -66,7 +70,10 @@ def main() -> None:
     parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
     parser.add_argument("--repeats", type=int, default=2, help="epochs of each loop (default: %(default)s)")
     parser.add_argument("--model", default="lenet")
+    parser.add_argument("--default-malloc", action="store_true", help="do not keep freed memory (see above)")
     args = parser.parse_args()
+    if not args.default_malloc:
+        keep_freed_memory()
 
     split = load_split(Path(args.data), "train")
     mean, std = channel_stats(torch.from_numpy(split.images))
@@ -117,7 +124,7 @@ def main() -> None:
     median = {k: statistics.median(v) for k, v in times.items()}
     print(
         f"\n{args.model}, one training epoch over {len(split.labels)} images, {torch.get_num_threads()} threads, "
-        f"median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+        f"{'default malloc' if args.default_malloc else 'freed memory kept'}, median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
     )
 
     def ratio(a: str, b: str) -> tuple[float, float, float]:

@@ -1,5 +1,6 @@
 """Tests for the CIFAR model registry: parameter counts, shapes, conventions, option validation."""
 
+import copy
 from collections.abc import Iterator
 
 import pytest
@@ -100,6 +101,26 @@ def test_channels_last_gives_the_same_logits(name: str) -> None:
         out = model(x)
         out_cl = model.to(memory_format=torch.channels_last)(x.to(memory_format=torch.channels_last))
     torch.testing.assert_close(out_cl, out, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["lenet", "alexnet"])
+def test_pooling_before_relu_is_bitwise_the_textbook_order(name: str) -> None:
+    """LeNet and AlexNet pool before their ReLU (cheaper); max-pool and ReLU commute, gradients included."""
+    model = _build(name)
+    textbook = copy.deepcopy(model)
+    layers = list(textbook.features)
+    for i, layer in enumerate(layers[:-1]):
+        if isinstance(layer, nn.MaxPool2d) and isinstance(layers[i + 1], nn.ReLU):
+            layers[i], layers[i + 1] = layers[i + 1], layer
+    assert layers != list(model.features)
+    textbook.features = nn.Sequential(*layers)
+    x = torch.randn(8, 3, 32, 32)
+    outputs = [m(x) for m in (model, textbook)]
+    for out in outputs:
+        out.square().sum().backward()
+    assert torch.equal(outputs[0], outputs[1])
+    for (name_a, a), (_, b) in zip(model.named_parameters(), textbook.named_parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name_a
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)

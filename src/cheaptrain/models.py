@@ -148,11 +148,11 @@ class LeNet(nn.Module):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 6, kernel_size=5),  # 32 -> 28
+            nn.MaxPool2d(2),  # -> 14; pooling before the ReLU is the same function, with 4x less ReLU work
             nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),  # -> 14
             nn.Conv2d(6, 16, kernel_size=5),  # -> 10
-            nn.ReLU(inplace=True),
             nn.MaxPool2d(2),  # -> 5
+            nn.ReLU(inplace=True),
         )
         self.hidden = nn.Sequential(
             nn.Linear(16 * 5 * 5, 120),
@@ -172,18 +172,18 @@ class AlexNet(nn.Module):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=5),  # 32 -> 8
+            nn.MaxPool2d(2),  # -> 4; pooling before the ReLU, as in LeNet
             nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),  # -> 4
             nn.Conv2d(64, 192, kernel_size=5, padding=2),
-            nn.ReLU(inplace=True),
             nn.MaxPool2d(2),  # -> 2
+            nn.ReLU(inplace=True),
             nn.Conv2d(192, 384, kernel_size=3, padding=1),
             nn.ReLU(inplace=True),
             nn.Conv2d(384, 256, kernel_size=3, padding=1),
             nn.ReLU(inplace=True),
             nn.Conv2d(256, 256, kernel_size=3, padding=1),
-            nn.ReLU(inplace=True),
             nn.MaxPool2d(2),  # -> 1
+            nn.ReLU(inplace=True),
         )
         self.classifier = nn.Linear(256, num_classes)
 
