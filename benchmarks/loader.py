@@ -122,9 +122,10 @@ def main() -> None:
         times["model only"].append(model_only())
         print(f"repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
     median = {k: statistics.median(v) for k, v in times.items()}
+    malloc = "default malloc" if args.default_malloc else "freed memory kept"
     print(
         f"\n{args.model}, one training epoch over {len(split.labels)} images, {torch.get_num_threads()} threads, "
-        f"{'default malloc' if args.default_malloc else 'freed memory kept'}, median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+        f"{malloc}, median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
     )
 
     def ratio(a: str, b: str) -> tuple[float, float, float]:

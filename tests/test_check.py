@@ -149,7 +149,9 @@ def test_null_thresholds_are_off_and_a_method_without_its_baseline_fails(tmp_pat
     ("check", "message"),
     [
         ({"max_acc_dorp": {"dfp": 1}}, "check.max_acc_dorp: unknown key (accepted: max_acc_drop, min_acc"),
-        ({"max_acc_drop": {"dfp": "a lot"}}, "check.max_acc_drop.dfp: 'a lot' is not a number"),
+        ({"max_acc_drop": {"dfp": "a lot"}}, "check.max_acc_drop.dfp: 'a lot' is not a finite number"),
+        ({"min_acc": {"baseline": float("nan")}}, "check.min_acc.baseline: nan is not a finite number"),
+        ({"reference_margin": float("inf")}, "check.reference_margin: inf is not accepted"),
         ({"max_acc_drop": [1, 2]}, "check.max_acc_drop: must map method names to numbers"),
         ({"min_time_saving": {"baseline": 5}}, "check.min_time_saving.baseline: the baseline is the reference"),
         ({"reference_margin": -1}, "check.reference_margin: -1 is not accepted"),

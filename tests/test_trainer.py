@@ -131,7 +131,7 @@ def test_final_metrics_use_both_papers_accuracy_measures():
     assert final["train_time_s"] == 5.0 and final["eval_time_s"] == 2.5
 
 
-# A few LeNet steps (channels_last, a new batch each) in a fresh process, counting the page faults of the last 30 (the first ones set up memory).
+# LeNet steps (channels_last, a new batch each) in a fresh process: the page faults of the last 30 steps.
 _FAULTS_SCRIPT = """
 import resource, sys, torch, torch.nn.functional as F
 from cheaptrain.models import create_model

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cheaptrain import UserError
+from cheaptrain import UserError, is_number
 from cheaptrain.aggregate import BASELINE, KEY, read_summary
 
 GATES = {  # params key: (summary column, "max" for a largest drop or "min" for a smallest value, what, unit)
@@ -58,8 +58,8 @@ def load_gate(params: dict[str, Any]) -> Gate:
             continue
         thresholds[key] = {}
         for method, limit in per_method.items():
-            if limit is not None and not (isinstance(limit, int | float) and not isinstance(limit, bool)):
-                problems.append(f"check.{key}.{method}: {limit!r} is not a number (or null: not checked)")
+            if limit is not None and not is_number(limit):
+                problems.append(f"check.{key}.{method}: {limit!r} is not a finite number (or null: not checked)")
             elif method == BASELINE and key not in BASELINE_GATES and limit is not None:
                 problems.append(f"check.{key}.{method}: the baseline is the reference; only {BASELINE_GATES} apply")
             else:
@@ -68,7 +68,7 @@ def load_gate(params: dict[str, Any]) -> Gate:
     if reference is not None and not (isinstance(reference, str) and reference):
         problems.append(f"check.reference: {reference!r} is not a path (or null: no reference)")
     margin = section.get("reference_margin", 1.0)
-    if not (isinstance(margin, int | float) and not isinstance(margin, bool) and margin >= 0):
+    if not (is_number(margin) and margin >= 0):
         problems.append(f"check.reference_margin: {margin!r} is not accepted; accepted: a number >= 0 (points)")
     if problems:
         raise UserError("invalid params `check`:\n" + "\n".join(f"  - {p}" for p in problems))
