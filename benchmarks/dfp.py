@@ -35,7 +35,7 @@ from cheaptrain.data import DeviceData, channel_stats
 from cheaptrain.methods import Method, RunContext, create_method
 from cheaptrain.models import create_model
 from cheaptrain.prepare import Split, load_split
-from cheaptrain.trainer import train_epoch
+from cheaptrain.trainer import keep_freed_memory, train_epoch
 
 ORDERS = [("full", "monitored", "pruning"), ("monitored", "full", "pruning"), ("monitored", "pruning", "full")]
 
@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--samples", type=int, default=None, help="train on the first N samples only (a smoke test)")
     args = parser.parse_args()
+    keep_freed_memory()  # as the trainer runs
     if not (Path(args.data) / "train.npz").is_file():
         sys.exit(
             f"error: no prepared data in {args.data}: run `dvc repro download@cifar10`, or `python stages/download.py "

@@ -34,7 +34,7 @@ from cheaptrain.methods import RunContext
 from cheaptrain.methods.wus import NORMAL, SKIP, WeightUpdateSkipping
 from cheaptrain.models import create_model
 from cheaptrain.prepare import Split
-from cheaptrain.trainer import train_epoch
+from cheaptrain.trainer import keep_freed_memory, train_epoch
 
 BATCH = 128
 TARGET = 0.35
@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, help=f"timed batches per phase (default: {DEFAULT_BATCHES})")
     parser.add_argument("--bias-layers", type=int, default=1, help="methods.wus.bias_layers (default: %(default)s)")
     args = parser.parse_args()
+    keep_freed_memory()  # as the trainer runs
 
     subjects = [Subject(m, args.batches or DEFAULT_BATCHES.get(m, 20), args.bias_layers) for m in args.models]
     for s in subjects:
