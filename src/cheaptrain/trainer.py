@@ -54,9 +54,10 @@ def keep_freed_memory() -> None:
     """Let glibc's malloc keep freed blocks for reuse instead of handing them back to the OS.
 
     By default glibc maps every block over 128 KiB (a threshold it then raises and lowers as blocks come and go)
-    and unmaps it when freed, so each training step faults its activations' pages in anew: on CPU a LeNet step
-    took 6.2-13 ms with 1.5M page faults, against a steady 6.3 ms with 0.13M (see benchmarks/loader.py). Numbers
-    are unchanged; only where memory comes from. A no-op without glibc.
+    and unmaps it when freed, so each training step faults its activations' pages in anew: on 2 CPU cores a LeNet
+    epoch took 3.1-3.8 s with 170,000-480,000 page faults, against 2.65-3.05 s with almost none
+    (`benchmarks/loader.py --default-malloc` compares). Numbers are unchanged; only where memory comes from.
+    Process-wide (fit() calls it: a stage's process only trains); Linux only, and a no-op without glibc.
     """
     if not sys.platform.startswith("linux"):
         return
