@@ -70,7 +70,7 @@ def crop(
 ) -> torch.Tensor:
     """The H x W crops at offsets (dy, dx) (per image, or one for all) of images `indices` of `padded`, flipped
     left-right where `flip`. Two gathers: the crop's whole padded rows, copied as contiguous runs, then its
-    columns within them; on CPU a third the cost of gathering pixel by pixel."""
+    columns within them; on CPU about two thirds the time of gathering pixel by pixel."""
     n, hp, wp, c = padded.shape
     b, h, w, device = len(indices), hp - 2 * pad, wp - 2 * pad, padded.device
     dy, dx = torch.as_tensor(dy, device=device).view(-1, 1), torch.as_tensor(dx, device=device).view(-1, 1)
@@ -79,8 +79,8 @@ def crop(
     cols = (dx + torch.arange(w, device=device)).expand(b, w)  # [B, W]
     if flip is not None:
         cols = torch.where(flip[:, None], cols.flip(1), cols)  # a flip reads the columns backwards
-    bytes_ = (cols[:, :, None] * c + torch.arange(c, device=device)).view(b, 1, w * c)  # [B, 1, W * C]
-    return cropped_rows.gather(2, bytes_.expand(b, h, w * c)).view(b, h, w, c)
+    col_bytes = (cols[:, :, None] * c + torch.arange(c, device=device)).view(b, 1, w * c)  # [B, 1, W * C]
+    return cropped_rows.gather(2, col_bytes.expand(b, h, w * c)).view(b, h, w, c)
 
 
 def channel_stats(images_uint8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
