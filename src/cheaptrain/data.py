@@ -1,8 +1,9 @@
 """The training data lives on the training device as one uint8 tensor; batches are gathered by index.
 
 No DataLoader, no workers: random crop (4-pixel zero padding, as torchvision's RandomCrop(32, padding=4) on the
-PIL image) and horizontal flip are one gather over the whole batch from images stored already padded, then the
-batch is normalised. Every random draw comes from the generator passed in, so a run is reproducible from its seed.
+PIL image) and horizontal flip are gathers over the whole batch from images stored already padded (see crop()),
+then the batch is normalised. Every random draw comes from the generator passed in, so a run is reproducible from
+its seed.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class DeviceData:
         self, indices: torch.Tensor, augment: bool = False, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Images (float, normalised, [B, C, H, W]) and labels of `indices`, augmented if asked."""
-        # [B, H, W, C] uint8 from one gather of pixels
+        # [B, H, W, C] uint8, gathered from the padded store
         if augment:
             images = random_crop_flip(self.padded, indices, PAD, generator)
         else:
