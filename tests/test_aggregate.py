@@ -21,6 +21,7 @@ from cheaptrain.aggregate import (
     collect,
     describe,
     load_published,
+    own_time_saving,
     read_summary,
     summarize,
     summary_csv,
@@ -143,6 +144,26 @@ def test_methods_are_paired_with_the_baseline_of_the_same_seed(tmp_path):
     assert wus["acc_delta_mean"] == pytest.approx(-1.0)
     assert wus["updated_params_reduction_pct_mean"] == pytest.approx(41.0)
     assert wus["mlflow_run_ids"] == "cifar10-lenet-wus-s0 cifar10-lenet-wus-s1 cifar10-lenet-wus-s2"
+
+
+def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
+    """Full epochs: every sample and (WUS) every parameter trained; their median prices each epoch of the run."""
+    params = synthetic_grid(tmp_path)
+    summary = by_key(summarize(collect(params, tmp_path), MEASURES))
+
+    def saving(full: float, cheap: float, n_full: int, n_cheap: int) -> float:
+        return 100 * (1 - (n_full * full + n_cheap * cheap) / ((n_full + n_cheap) * full))
+
+    seeds = (0, 1, 2)
+    dfp = [saving(3.0 + 0.01 * s, 2.7 + 0.01 * s, 3, 7) for s in seeds]  # 7 epochs leave out 10%
+    wus = [saving(3.0 + 0.01 * s, 1.0 + 0.01 * s, 6, 4) for s in seeds]  # 4 skip epochs, one fallback among them
+    assert summary[("dfp", "cifar10", "lenet", "dfp")]["own_time_saving_pct_mean"] == pytest.approx(sum(dfp) / 3)
+    assert summary[("wus", "cifar10", "lenet", "wus")]["own_time_saving_pct_mean"] == pytest.approx(sum(wus) / 3)
+    assert summary[("dfp", "cifar10", "lenet", "baseline")]["own_time_saving_pct_mean"] == pytest.approx(0)
+    # the median, not the mean, of the full epochs: one slow epoch (a busy machine) does not move it
+    history = [{"epoch_train_s": t, "trained_samples": 100.0} for t in (2.0, 2.0, 6.0, 2.0)]
+    assert own_time_saving(history) == pytest.approx(100 * (1 - 12.0 / 8.0))
+    assert own_time_saving([{"epoch_train_s": 1.0}]) is None and own_time_saving([]) is None
 
 
 def test_published_figures_join_the_right_rows():

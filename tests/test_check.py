@@ -98,6 +98,21 @@ def test_gate_exits_1_with_a_table_of_every_violation(tmp_path):
     assert json.loads((tmp_path / "check.json").read_text())["passed"] is False
 
 
+def test_time_saved_against_the_runs_own_full_epochs_is_gated(tmp_path):
+    rows = [
+        row("dfp", "baseline", 62.0, own_time_saving_pct=1.0),
+        row("dfp", "dfp", 61.5, own_time_saving_pct=9.0),
+        row("wus", "baseline", 61.0, own_time_saving_pct=-1.0),
+        row("wus", "wus", 60.0, own_time_saving_pct=4.0),  # below its 10
+    ]
+    result = gate(tmp_path, rows, {"min_own_time_saving": {"dfp": 5.0, "wus": 10.0}})
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = squash(result.stdout)
+    assert "FAILED: 1 violation(s) of 2 checks" in out
+    assert "FAIL wus cifar10/lenet/wus time saved vs its own full epochs 4.00 % >= 10.00 %" in out
+    assert "1 other check(s) passed" in out  # dfp: 9 >= 5
+
+
 def test_gate_fails_when_a_method_lost_accuracy_against_the_reference(tmp_path):
     reference = write(tmp_path / "reference.csv", good())
     worse = good()

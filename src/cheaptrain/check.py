@@ -20,6 +20,7 @@ GATES = {  # params key: (summary column, "max" for a largest drop or "min" for 
     "max_acc_drop": ("acc_delta_mean", "max", "accuracy drop vs baseline", "pts"),
     "min_acc": ("acc_mean", "min", "accuracy", "%"),
     "min_time_saving": ("time_saving_pct_mean", "min", "time saved vs baseline", "%"),
+    "min_own_time_saving": ("own_time_saving_pct_mean", "min", "time saved vs its own full epochs", "%"),
     "min_sample_saving": ("sample_saving_pct_mean", "min", "sample-passes saved vs baseline", "%"),
     "min_params_reduction": ("updated_params_reduction_pct_mean", "min", "updated-parameter reduction", "%"),
 }
