@@ -147,7 +147,7 @@ def test_methods_are_paired_with_the_baseline_of_the_same_seed(tmp_path):
 
 
 def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
-    """Full epochs: every sample and (WUS) every parameter trained; their median prices each epoch of the run."""
+    """Full epochs: every sample and (WUS) every parameter trained; the nearest ones price each cheaper epoch."""
     params = synthetic_grid(tmp_path)
     summary = by_key(summarize(collect(params, tmp_path), MEASURES))
 
@@ -159,10 +159,16 @@ def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
     wus = [saving(3.0 + 0.01 * s, 1.0 + 0.01 * s, 6, 4) for s in seeds]  # 4 skip epochs, one fallback among them
     assert summary[("dfp", "cifar10", "lenet", "dfp")]["own_time_saving_pct_mean"] == pytest.approx(sum(dfp) / 3)
     assert summary[("wus", "cifar10", "lenet", "wus")]["own_time_saving_pct_mean"] == pytest.approx(sum(wus) / 3)
-    assert summary[("dfp", "cifar10", "lenet", "baseline")]["own_time_saving_pct_mean"] == pytest.approx(0)
-    # the median, not the mean, of the full epochs: one slow epoch (a busy machine) does not move it
-    history = [{"epoch_train_s": t, "trained_samples": 100.0} for t in (2.0, 2.0, 6.0, 2.0)]
-    assert own_time_saving(history) == pytest.approx(100 * (1 - 12.0 / 8.0))
+    assert summary[("dfp", "cifar10", "lenet", "baseline")]["own_time_saving_pct_mean"] == 0
+
+    def epochs(*spec: tuple[float, int]) -> list[dict[str, float]]:
+        return [{"epoch_train_s": t, "trained_samples": n} for t, n in spec]
+
+    # the machine slows down from the third epoch: each cheap epoch is priced by the full epochs next to it
+    slowing = epochs((2.0, 100), (1.0, 70), (2.0, 100), (4.0, 100), (2.0, 70), (4.0, 100))
+    assert own_time_saving(slowing) == pytest.approx(100 * (1 - 15.0 / 18.0))
+    assert own_time_saving(epochs((2.0, 100), (1.0, 70), (4.0, 100))) == pytest.approx(100 * (1 - 7.0 / 9.0))
+    assert own_time_saving(epochs((2.0, 100), (9.0, 100), (3.0, 100))) == 0  # no cheaper epoch, however noisy
     assert own_time_saving([{"epoch_train_s": 1.0}]) is None and own_time_saving([]) is None
 
 
