@@ -7,17 +7,12 @@ import sys
 import pytest
 import torch
 
-from cheaptrain.config import RunConfig
 from cheaptrain.methods import Method
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
 
 from conftest import small_config, synthetic_split
 
 TIMINGS = ("epoch_train_s", "eval_s")
-
-
-def config(epochs: int = 3, **recipe_overrides) -> RunConfig:
-    return small_config(epochs, **recipe_overrides)
 
 
 def without_timings(history):
@@ -28,19 +23,19 @@ TRAIN, TEST = synthetic_split(300, seed=1), synthetic_split(100, seed=2)
 
 
 def test_same_seed_gives_identical_metrics_and_a_schedule_per_epoch():
-    first = fit(config(), TRAIN, TEST, Method())
-    second = fit(config(), TRAIN, TEST, Method())
+    first = fit(small_config(), TRAIN, TEST, Method())
+    second = fit(small_config(), TRAIN, TEST, Method())
     assert without_timings(first) == without_timings(second)
     assert [row["epoch"] for row in first] == [1, 2, 3]
     assert [row["lr"] for row in first] == pytest.approx([0.05, 0.05, 0.005])
     assert all(row["trained_samples"] == 300 for row in first)
     assert all(row["epoch_train_s"] > 0 and row["eval_s"] > 0 for row in first)
-    other_seed = fit(config().__class__(**(config().__dict__ | {"seed": 8})), TRAIN, TEST, Method())
+    other_seed = fit(small_config(seed=8), TRAIN, TEST, Method())
     assert without_timings(other_seed) != without_timings(first)
 
 
 def test_learns_the_synthetic_task():
-    history = fit(config(epochs=5, milestones=(4,), lr=0.02), TRAIN, TEST, Method())
+    history = fit(small_config(epochs=5, milestones=(4,), lr=0.02), TRAIN, TEST, Method())
     assert history[-1]["test_acc"] > 50  # 10 classes: chance is 10%
 
 
@@ -73,7 +68,7 @@ class Recorder(Method):
 
 def test_hooks_see_selected_samples_per_sample_losses_and_accuracy():
     method = Recorder()
-    history = fit(config(), TRAIN, TEST, method)
+    history = fit(small_config(), TRAIN, TEST, method)
     assert method.ctx.num_samples == 300 and method.ctx.epochs == 3
     assert method.calls[0] == ("start", 1, 0.05)
     assert [c[0] for c in method.calls] == ["start", "validation"] * 3
@@ -101,7 +96,7 @@ class Poison(Method):
 
 def test_a_nan_loss_stops_the_run_with_a_clear_error():
     with pytest.raises(TrainingDiverged, match="became nan in epoch 2"):
-        fit(config(), TRAIN, TEST, Poison())
+        fit(small_config(), TRAIN, TEST, Poison())
 
 
 def test_resuming_from_an_epoch_state_gives_the_uninterrupted_result():
@@ -113,9 +108,9 @@ def test_resuming_from_an_epoch_state_gives_the_uninterrupted_result():
             torch.save(state, buffer)  # what a checkpoint on disk holds
             saved["state"] = buffer.getvalue()
 
-    full = fit(config(epochs=4, milestones=(3,)), TRAIN, TEST, Method(), on_epoch_end=keep_epoch_2)
+    full = fit(small_config(epochs=4, milestones=(3,)), TRAIN, TEST, Method(), on_epoch_end=keep_epoch_2)
     state = torch.load(io.BytesIO(saved["state"]), weights_only=False)
-    resumed = fit(config(epochs=4, milestones=(3,)), TRAIN, TEST, Method(), resume=state)
+    resumed = fit(small_config(epochs=4, milestones=(3,)), TRAIN, TEST, Method(), resume=state)
     assert [row["epoch"] for row in resumed] == [1, 2, 3, 4]
     assert without_timings(resumed) == without_timings(full)
 

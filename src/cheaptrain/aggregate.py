@@ -221,11 +221,14 @@ def own_time_saving(history: list[dict[str, float]]) -> float | None:
     ]
     if not full:
         return None
-    price = []
-    for i, time_s in enumerate(times):
-        nearest = [j for j in full if j < i][-1:] + [j for j in full if j > i][:1]  # i itself when full
-        price.append(time_s if i in full else statistics.fmean(times[j] for j in nearest))
-    return 100 * (1 - sum(times) / sum(price))
+
+    def price(i: int) -> float:
+        if i in full:
+            return times[i]
+        nearest = [j for j in full if j < i][-1:] + [j for j in full if j > i][:1]  # the full epoch before, after
+        return statistics.fmean(times[j] for j in nearest)
+
+    return 100 * (1 - sum(times) / sum(price(i) for i in range(len(times))))
 
 
 def _saving(run: Run, baseline: Run, metric: str) -> float:

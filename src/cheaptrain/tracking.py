@@ -231,8 +231,6 @@ class RunTracker:
 
     def fail(self, status: str = "FAILED") -> None:
         """Mark the run FAILED or KILLED; never hides the error that stopped it (the store may be what failed)."""
-        from mlflow import MlflowClient
-
         if self.run_id is None:  # failed before the run started
             return
         error: Exception | None = None
@@ -242,7 +240,7 @@ class RunTracker:
         except Exception as e:
             error = e
         try:  # check in the store: an interrupt inside MLflow's own calls can leave the run RUNNING there
-            client = MlflowClient()
+            client = self.mlflow.MlflowClient()
             if client.get_run(self.run_id).info.status == "RUNNING":
                 client.set_terminated(self.run_id, status)
         except Exception as e:
