@@ -15,14 +15,17 @@ alternate so that machine noise hits all of them; the script prints every epoch 
 
 The trainer sets glibc's malloc to keep freed memory (cheaptrain.trainer.keep_freed_memory); the script does the
 same at start, so every loop, the conventional one and its workers included, runs under it. `--default-malloc`
-leaves glibc's default, to see what the setting is worth.
+leaves glibc's default, to see what the setting is worth: the script prints this process's page faults in each
+timed epoch. It also times making an epoch's batches on their own, against this loop's time above the model's.
 """
 
 import argparse
 import contextlib
+import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -94,6 +97,19 @@ def main() -> None:
         model = create_model(args.model, len(split.classes))
         return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
 
+    faults: dict[str, list[int]] = {}  # this process's minor page faults during each timed epoch
+    batches_alone: list[float] = []  # seconds to make an epoch's batches, outside any training loop
+
+    def counted(name: str, epoch: Callable[[], float]) -> float:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        seconds = epoch()
+        faults.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return seconds
+
+    def conventional_epoch() -> float:
+        model, optimizer = fresh()
+        return counted("conventional", lambda: plain_epoch(model, optimizer, conventional))
+
     def ours(channels_last: bool) -> float:
         model, optimizer = fresh()
         data = DeviceData(split, device, mean, std, channels_last)
@@ -101,22 +117,27 @@ def main() -> None:
             model = model.to(memory_format=torch.channels_last)
         method = Method()
         method.setup(None)
-        no_autocast = contextlib.nullcontext()
-        return train_epoch(model, optimizer, data, method, 1, 0.01, 128, True, generator, no_autocast)["epoch_train_s"]
+        epoch_args = (model, optimizer, data, method, 1, 0.01, 128, True, generator, contextlib.nullcontext())
+
+        def epoch() -> float:
+            return train_epoch(*epoch_args)["epoch_train_s"]
+
+        return counted("ours" if channels_last else "ours, NCHW", epoch)
 
     def model_only() -> float:
-        """The same steps on batches made beforehand (this loop's, untimed): the floor of any loop for this model."""
+        """The same steps on batches made beforehand (timed apart): the floor of any loop for this model."""
         model, optimizer = fresh()
         model = model.to(memory_format=torch.channels_last)
         data = DeviceData(split, device, mean, std, channels_last=True)
         order = torch.randperm(len(split.labels), generator=generator)
-        batches = [data.batch(b, augment=True, generator=generator) for b in order.split(128)]  # untimed
-        return plain_epoch(model, optimizer, batches)
+        start = time.perf_counter()
+        batches = [data.batch(b, augment=True, generator=generator) for b in order.split(128)]
+        batches_alone.append(time.perf_counter() - start)
+        return counted("model only", lambda: plain_epoch(model, optimizer, batches))
 
     times: dict[str, list[float]] = {"conventional": [], "ours": [], "ours, NCHW": [], "model only": []}
     for repeat in range(args.repeats):
-        model, optimizer = fresh()
-        times["conventional"].append(plain_epoch(model, optimizer, conventional))
+        times["conventional"].append(conventional_epoch())
         times["ours"].append(ours(channels_last=True))
         times["ours, NCHW"].append(ours(channels_last=False))
         times["model only"].append(model_only())
@@ -126,6 +147,14 @@ def main() -> None:
     print(
         f"\n{args.model}, one training epoch over {len(split.labels)} images, {torch.get_num_threads()} threads, "
         f"{malloc}, median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+    )
+    print("page faults of this process in an epoch, median: " + ", ".join(
+        f"{k} {statistics.median(v):,.0f}" for k, v in faults.items()
+    ))  # fmt: skip
+    extra = statistics.median(x - y for x, y in zip(times["ours"], times["model only"], strict=True))
+    print(
+        f"making an epoch's batches alone: {statistics.median(batches_alone):.3f} s; this loop's time above the "
+        f"model's own steps: {extra:.3f} s (median over the repeats)"
     )
 
     def ratio(a: str, b: str) -> tuple[float, float, float]:

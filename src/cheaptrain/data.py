@@ -71,7 +71,7 @@ def crop(
 ) -> torch.Tensor:
     """The H x W crops at offsets (dy, dx) (per image, or one for all) of images `indices` of `padded`, flipped
     left-right where `flip`. Two gathers: the crop's whole padded rows, copied as contiguous runs, then its
-    columns within them; on CPU about two thirds the time of gathering pixel by pixel."""
+    columns within them: one contiguous copy per row instead of one per pixel."""
     n, hp, wp, c = padded.shape
     b, h, w, device = len(indices), hp - 2 * pad, wp - 2 * pad, padded.device
     dy, dx = torch.as_tensor(dy, device=device).view(-1, 1), torch.as_tensor(dx, device=device).view(-1, 1)

@@ -55,8 +55,8 @@ def keep_freed_memory() -> None:
 
     By default glibc maps every block over 128 KiB (a threshold it then raises and lowers as blocks come and go)
     and unmaps it when freed, so each training step faults its activations' pages in anew: on 2 CPU cores a LeNet
-    epoch took 3.1-3.8 s with 170,000-480,000 page faults, against 2.65-3.05 s with almost none
-    (`benchmarks/loader.py --default-malloc` compares). Numbers are unchanged; only where memory comes from.
+    epoch of a fresh process took 3.54 s with 368,000 page faults, against 2.84 s with 2,400 (medians,
+    `benchmarks/malloc.py`). Numbers are unchanged; only where memory comes from.
     Process-wide (fit() calls it: a stage's process only trains); Linux only, and a no-op without glibc.
     """
     if not sys.platform.startswith("linux"):

@@ -1,0 +1,83 @@
+"""Benchmark: what keeping freed memory (cheaptrain.trainer.keep_freed_memory) is worth to a training process.
+
+    python benchmarks/malloc.py [--data data/prepared/cifar10] [--rounds 3] [--epochs 2]
+
+Each round starts two fresh processes, one with glibc's default malloc and one with the trainer's setting, taking
+turns. Each does what a train stage does before and while training: load the split into a DeviceData, then train
+LeNet (channels_last, batch 128, crop + flip) for --epochs epochs of this project's loop, and prints every epoch's
+time and the process's minor page faults in it. A fresh process matters: glibc's default moves its threshold as
+blocks come and go, so the effect depends on what the process allocated before (in benchmarks/loader.py, after the
+conventional loop, it is small).
+"""
+
+import argparse
+import contextlib
+import json
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def child(data: str, epochs: int, keep: bool) -> None:
+    import torch
+
+    from cheaptrain.data import DeviceData, channel_stats
+    from cheaptrain.methods import Method
+    from cheaptrain.models import create_model
+    from cheaptrain.prepare import load_split
+    from cheaptrain.trainer import keep_freed_memory, train_epoch
+
+    if keep:
+        keep_freed_memory()
+    split = load_split(Path(data), "train")
+    mean, std = channel_stats(torch.from_numpy(split.images))
+    train_data = DeviceData(split, torch.device("cpu"), mean, std, channels_last=True)
+    torch.manual_seed(0)
+    model = create_model("lenet", len(split.classes)).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    method, generator = Method(), torch.Generator().manual_seed(0)
+    method.setup(None)
+    rows = []
+    for epoch in range(1, epochs + 1):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        seconds = train_epoch(
+            model, optimizer, train_data, method, epoch, 0.01, 128, True, generator, contextlib.nullcontext()
+        )["epoch_train_s"]
+        rows.append((seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
+    print(json.dumps(rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of processes (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per process (default: %(default)s)")
+    parser.add_argument("--child", choices=["default", "keep"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.data, args.epochs, args.child == "keep")
+        return
+    if not (Path(args.data) / "train.npz").is_file():
+        sys.exit(f"error: no prepared data in {args.data}: run `make quickstart`, or pass --data")
+    epochs: dict[str, list[tuple[float, int]]] = {"default": [], "keep": []}
+    for round_ in range(args.rounds):
+        for mode in ("default", "keep") if round_ % 2 == 0 else ("keep", "default"):
+            cmd = [sys.executable, __file__, "--child", mode, "--data", args.data, "--epochs", str(args.epochs)]
+            rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            epochs[mode] += [tuple(r) for r in rows]
+            print(f"round {round_ + 1}, {mode:7s}: " + ", ".join(f"{s:.2f} s ({f:,} faults)" for s, f in rows))
+    median = {m: statistics.median(s for s, _ in rows) for m, rows in epochs.items()}
+    faults = {m: statistics.median(f for _, f in rows) for m, rows in epochs.items()}
+    print(
+        f"\nLeNet epoch, median over {len(epochs['keep'])} epochs each: default malloc {median['default']:.2f} s "
+        f"({faults['default']:,.0f} page faults), freed memory kept {median['keep']:.2f} s ({faults['keep']:,.0f}); "
+        f"kept / default: {median['keep'] / median['default']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
