@@ -5,10 +5,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cheaptrain import UserError
-from cheaptrain.models import MODELS, count_parameters, create_model, register
+from cheaptrain.models import MODELS, MaxPool2x2, count_parameters, create_model, register
 
 ALL_MODELS = sorted(MODELS)
 
@@ -108,11 +109,11 @@ def test_pooling_before_relu_is_bitwise_the_textbook_order(name: str) -> None:
     """LeNet and AlexNet pool before their ReLU (cheaper); max-pool and ReLU commute, gradients included."""
     model = _build(name)
     textbook = copy.deepcopy(model)
-    layers = list(textbook.features)
-    for i, layer in enumerate(layers[:-1]):
+    layers = [nn.MaxPool2d(2) if isinstance(layer, MaxPool2x2) else layer for layer in textbook.features]
+    for i, layer in enumerate(layers[:-1]):  # and PyTorch's own pooling
         if isinstance(layer, nn.MaxPool2d) and isinstance(layers[i + 1], nn.ReLU):
             layers[i], layers[i + 1] = layers[i + 1], layer
-    assert layers != list(model.features)
+    assert [type(m) for m in layers] != [type(m) for m in model.features]
     textbook.features = nn.Sequential(*layers)
     x = torch.randn(8, 3, 32, 32)
     outputs = [m(x) for m in (model, textbook)]
@@ -121,6 +122,40 @@ def test_pooling_before_relu_is_bitwise_the_textbook_order(name: str) -> None:
     assert torch.equal(outputs[0], outputs[1])
     for (name_a, a), (_, b) in zip(model.named_parameters(), textbook.named_parameters(), strict=True):
         assert torch.equal(a.grad, b.grad), name_a
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("shape", [(16, 6, 28, 28), (4, 3, 7, 9), (6, 5, 4)])
+def test_maxpool2x2_is_pytorchs_max_pool(shape: tuple[int, ...], channels_last: bool) -> None:
+    """The same output and input gradient as F.max_pool2d(x, 2), ties included (they go to a window's first
+    maximum), odd sizes (the last row or column dropped) and unbatched input; channels_last stays so. NaN
+    propagates; where its gradient goes does not matter (the trainer stops at a NaN loss)."""
+    torch.manual_seed(0)
+    x = torch.randn(shape).mul(1.5).round()  # many ties within windows, as in flat image regions
+    x[..., 0, :4] = float("nan")  # NaN wins, as in PyTorch
+    if channels_last and x.dim() == 4:
+        x = x.to(memory_format=torch.channels_last)
+    outputs, grads = [], []
+    for pool in (MaxPool2x2(), nn.MaxPool2d(2)):
+        leaf = x.clone().requires_grad_()
+        out = pool(leaf)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
+        outputs.append(out)
+        grads.append(leaf.grad)
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0, equal_nan=True)
+    finite = x.isfinite().unfold(-2, 2, 2).unfold(-2, 2, 2).flatten(-2).all(-1)  # windows without NaN
+    finite = finite.repeat_interleave(2, -1).repeat_interleave(2, -2)
+    finite = F.pad(finite, (0, x.shape[-1] % 2, 0, x.shape[-2] % 2), value=True)  # odd edges: zero gradient
+    torch.testing.assert_close(grads[0][finite], grads[1][finite], rtol=0, atol=0)
+    assert grads[0].stride() == x.stride()
+    assert outputs[0].is_contiguous(memory_format=torch.channels_last) == (channels_last and x.dim() == 4)
+    ties = x.unfold(-2, 2, 2).unfold(-2, 2, 2).flatten(-2)  # the windows
+    assert ((ties == ties.amax(-1, keepdim=True)).sum(-1) > 1).any(), "the input should have tied windows"
+
+
+def test_maxpool2x2_leaves_other_devices_to_pytorch() -> None:
+    with torch.device("meta"):
+        assert MaxPool2x2()(torch.empty(2, 6, 28, 28)).shape == (2, 6, 14, 14)
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
