@@ -8,6 +8,8 @@ its seed.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -55,8 +57,8 @@ def random_crop_flip(
     """Images `indices` of `padded` [N, H + 2 pad, W + 2 pad, C], each cropped to H x W at a random offset and
     flipped left-right with probability 1/2."""
     b, device = len(indices), padded.device
-    dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=device)
-    dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=device)
+    # one draw of 2 x b: on the CPU, the same numbers as two draws of b (the earlier code, and the tests' replay)
+    dy, dx = torch.randint(0, 2 * pad + 1, (2, b), generator=generator, device=device)
     flip = torch.rand(b, generator=generator, device=device) < 0.5
     return crop(padded, indices, pad, dy, dx, flip)
 
@@ -71,17 +73,28 @@ def crop(
 ) -> torch.Tensor:
     """The H x W crops at offsets (dy, dx) (per image, or one for all) of images `indices` of `padded`, flipped
     left-right where `flip`. Two gathers: the crop's whole padded rows, copied as contiguous runs, then its
-    columns within them: one contiguous copy per row instead of one per pixel."""
+    columns within them: one contiguous copy per row instead of one per pixel. The offsets come from tables made
+    once, so that a batch takes few small ops."""
     n, hp, wp, c = padded.shape
-    b, h, w, device = len(indices), hp - 2 * pad, wp - 2 * pad, padded.device
-    dy, dx = torch.as_tensor(dy, device=device).view(-1, 1), torch.as_tensor(dx, device=device).view(-1, 1)
-    rows = (indices[:, None] * hp + dy + torch.arange(h, device=device)).view(-1)  # [B * H] rows of the store
+    b, h, w = len(indices), hp - 2 * pad, wp - 2 * pad
+    row_tables, col_tables = _crop_tables(h, w, c, pad, padded.device)
+    rows = torch.add(row_tables[dy], indices.view(-1, 1), alpha=hp).view(-1)  # [B * H] rows of the store
     cropped_rows = padded.view(n * hp, wp * c).index_select(0, rows).view(b, h, wp * c)
-    cols = (dx + torch.arange(w, device=device)).expand(b, w)  # [B, W]
-    if flip is not None:
-        cols = torch.where(flip[:, None], cols.flip(1), cols)  # a flip reads the columns backwards
-    col_bytes = (cols[:, :, None] * c + torch.arange(c, device=device)).view(b, 1, w * c)  # [B, 1, W * C]
-    return cropped_rows.gather(2, col_bytes.expand(b, h, w * c)).view(b, h, w, c)
+    col_bytes = col_tables[dx if flip is None else torch.add(dx, flip, alpha=2 * pad + 1)]  # [B, W * C] or [W * C]
+    return cropped_rows.gather(2, col_bytes.view(-1, 1, w * c).expand(b, h, w * c)).view(b, h, w, c)
+
+
+@functools.cache
+def _crop_tables(h: int, w: int, c: int, pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each crop offset: its rows in a padded image, [2 pad + 1, H]; and the bytes of its W x C pixels within a
+    padded row, read forwards (table rows 0 .. 2 pad) and backwards for a flip (the next 2 pad + 1), [2 (2 pad + 1),
+    W * C]."""
+    offsets = torch.arange(2 * pad + 1)
+    rows = offsets[:, None] + torch.arange(h)
+    cols = offsets[:, None] + torch.arange(w)
+    cols = torch.cat([cols, cols.flip(1)])
+    col_bytes = (cols[:, :, None] * c + torch.arange(c)).view(len(cols), w * c)
+    return rows.to(device), col_bytes.to(device)
 
 
 def channel_stats(images_uint8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
