@@ -23,3 +23,9 @@ test: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# every speed claim of the README's Measured section, one script after another (about 5 minutes on 2 CPU cores);
+# the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared
+bench: $(BIN)/.installed
+	@test -d data/prepared/cifar10 || { echo "no data/prepared/cifar10: run 'make quickstart' first"; exit 1; }
+	for name in loader pool malloc dfp wus; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done

@@ -1,6 +1,6 @@
 """Benchmark: one LeNet training epoch of this project's loop against a conventional PyTorch input pipeline.
 
-    python benchmarks/loader.py [--data data/prepared/cifar10] [--repeats 2]
+    python benchmarks/loader.py [--data data/prepared/cifar10] [--repeats 5]
 
 Both loops train the same model (LeNet, SGD, batch 128) on the same prepared CIFAR-10 training split, with the same
 augmentation (random crop with 4-pixel padding, horizontal flip), in the same process:
@@ -71,7 +71,7 @@ def plain_epoch(model, optimizer, batches) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
-    parser.add_argument("--repeats", type=int, default=2, help="epochs of each loop (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="epochs of each loop (default: %(default)s)")
     parser.add_argument("--model", default="lenet")
     parser.add_argument("--default-malloc", action="store_true", help="do not keep freed memory (see above)")
     args = parser.parse_args()

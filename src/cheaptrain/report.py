@@ -518,7 +518,7 @@ def phases_figure(runs: list[Run]) -> Figure:
             ms=3,
         )
         ax.set(
-            title=f"{key[3]} · {key[1]} · {key[2]} · s{run.seed}: {len(skip)} of {len(epochs)} epochs skip",
+            title=f"{key[3]} · {key[1]} · {key[2]} · s{run.seed}: {len(skip)} skip epochs of {len(epochs)}",
             xlabel="epoch",
             ylabel="test accuracy (%)",
         )
