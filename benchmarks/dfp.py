@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from cheaptrain import positive_int
 from cheaptrain.data import DeviceData, channel_stats
 from cheaptrain.methods import Method, RunContext, create_method
 from cheaptrain.models import create_model
@@ -43,12 +44,14 @@ ORDERS = [("full", "monitored", "pruning"), ("monitored", "full", "pruning"), ("
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
-    parser.add_argument("--repeats", type=int, default=5, help="epochs of each kind (default: %(default)s)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="epochs of each kind (default: %(default)s)")
     parser.add_argument("--fraction", type=float, default=0.3, help="f, pruned per pruning epoch (default: 0.3)")
     parser.add_argument("--model", default="lenet", help="model (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--samples", type=int, default=None, help="train on the first N samples only (a smoke test)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--samples", type=positive_int, default=None, help="train on the first N samples only (a smoke test)"
+    )
     args = parser.parse_args()
     keep_freed_memory()  # as the trainer runs
     if not (Path(args.data) / "train.npz").is_file():

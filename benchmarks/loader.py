@@ -36,6 +36,7 @@ from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from cheaptrain import positive_int
 from cheaptrain.data import DeviceData, channel_stats
 from cheaptrain.methods import Method
 from cheaptrain.models import create_model
@@ -71,7 +72,7 @@ def plain_epoch(model, optimizer, batches) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
-    parser.add_argument("--repeats", type=int, default=5, help="epochs of each loop (default: %(default)s)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="epochs of each loop (default: %(default)s)")
     parser.add_argument("--model", default="lenet")
     parser.add_argument("--default-malloc", action="store_true", help="do not keep freed memory (see above)")
     args = parser.parse_args()

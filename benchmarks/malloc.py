@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from cheaptrain import positive_int  # the package root imports no torch
+
 
 def child(data: str, epochs: int, keep: bool) -> None:
     import torch
@@ -54,8 +56,8 @@ def child(data: str, epochs: int, keep: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
-    parser.add_argument("--rounds", type=int, default=3, help="pairs of processes (default: %(default)s)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per process (default: %(default)s)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="pairs of processes (default: %(default)s)")
+    parser.add_argument("--epochs", type=positive_int, default=2, help="epochs per process (default: %(default)s)")
     parser.add_argument("--child", choices=["default", "keep"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -22,6 +22,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from cheaptrain import positive_int
 from cheaptrain.models import MaxPool2x2, create_model
 from cheaptrain.trainer import keep_freed_memory
 
@@ -35,8 +36,12 @@ def seconds(work: Callable[[], object], times: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=10, help="alternations of the two (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=100, help="training steps per repeat (default: %(default)s)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=10, help="alternations of the two (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=100, help="training steps per repeat (default: %(default)s)"
+    )
     args = parser.parse_args()
     keep_freed_memory()
     generator = torch.Generator().manual_seed(0)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from cheaptrain import positive_int
 from cheaptrain.data import DeviceData, channel_stats
 from cheaptrain.methods import RunContext
 from cheaptrain.methods.wus import NORMAL, SKIP, WeightUpdateSkipping
@@ -97,7 +98,7 @@ class Subject:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["lenet", "vgg11", "resnet18"], help="default: %(default)s")
-    parser.add_argument("--batches", type=int, help=f"timed batches per phase (default: {DEFAULT_BATCHES})")
+    parser.add_argument("--batches", type=positive_int, help=f"timed batches per phase (default: {DEFAULT_BATCHES})")
     parser.add_argument("--bias-layers", type=int, default=1, help="methods.wus.bias_layers (default: %(default)s)")
     args = parser.parse_args()
     keep_freed_memory()  # as the trainer runs

@@ -46,3 +46,16 @@ def is_int(value: Any) -> bool:
 def is_number(value: Any) -> bool:
     """A finite int or float param, not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count (repeats, epochs, batches): an integer >= 1, or a usage error, not a traceback."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted: an integer >= 1")
+    return value
