@@ -28,4 +28,4 @@ lint: $(BIN)/.installed
 # the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared
 bench: $(BIN)/.installed
 	@test -d data/prepared/cifar10 || { echo "no data/prepared/cifar10: run 'make quickstart' first"; exit 1; }
-	for name in loader pool malloc dfp wus; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done
+	for name in loader layers malloc dfp wus; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cheaptrain import UserError
-from cheaptrain.models import MODELS, MaxPool2x2, count_parameters, create_model, register
+from cheaptrain.models import MODELS, Conv2dNCHWInputGrad, MaxPool2x2, count_parameters, create_model, register
 
 ALL_MODELS = sorted(MODELS)
 
@@ -156,6 +156,74 @@ def test_maxpool2x2_is_pytorchs_max_pool(shape: tuple[int, ...], channels_last: 
 def test_maxpool2x2_leaves_other_devices_to_pytorch() -> None:
     with torch.device("meta"):
         assert MaxPool2x2()(torch.empty(2, 6, 28, 28)).shape == (2, 6, 14, 14)
+
+
+def _conv_pass(conv: nn.Conv2d, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Output, and the input's, weight's and bias's gradients, after a backward of a fixed random gradient."""
+    conv.zero_grad(set_to_none=True)
+    leaf = x.clone().requires_grad_()
+    out = conv(leaf)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
+    return out, leaf.grad, conv.weight.grad, conv.bias.grad if conv.bias is not None else None
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"stride": 2, "padding": 1, "dilation": 2, "groups": 2, "bias": False}, {"stride": (1, 2), "padding": (2, 1)}],
+)
+def test_conv2d_nchw_input_grad_is_pytorchs_conv(options: dict, channels_last: bool) -> None:
+    """nn.Conv2d's output and weight and bias gradients, bitwise; its input gradient up to float rounding, in the
+    input's memory format."""
+    torch.manual_seed(0)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    ours = Conv2dNCHWInputGrad(6, 16, 5, **options).to(memory_format=layout)
+    pytorchs = nn.Conv2d(6, 16, 5, **options).to(memory_format=layout)
+    pytorchs.load_state_dict(ours.state_dict())
+    x = torch.randn(8, 6, 14, 14).to(memory_format=layout)
+    out, grad_x, grad_weight, grad_bias = _conv_pass(ours, x)
+    ref_out, ref_grad_x, ref_grad_weight, ref_grad_bias = _conv_pass(pytorchs, x)
+    assert type(out.grad_fn).__name__ == "_Conv2dNCHWInputGradBackward"  # the path under test was taken
+    assert torch.equal(out, ref_out)
+    assert torch.equal(grad_weight, ref_grad_weight)
+    assert (grad_bias is None) == ("bias" in options) and (grad_bias is None or torch.equal(grad_bias, ref_grad_bias))
+    torch.testing.assert_close(grad_x, ref_grad_x)
+    assert grad_x.is_contiguous(memory_format=layout)
+
+
+def test_conv2d_nchw_input_grad_gradcheck() -> None:
+    """Input, weight and bias gradients against finite differences (float64), strided, padded, dilated, grouped."""
+    conv = Conv2dNCHWInputGrad(4, 6, 3, stride=2, padding=1, dilation=2, groups=2).double()
+    x = torch.randn(2, 4, 9, 11, dtype=torch.double, requires_grad=True)
+
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        out = torch.func.functional_call(conv, {"weight": weight, "bias": bias}, (x,))
+        assert type(out.grad_fn).__name__ == "_Conv2dNCHWInputGradBackward"
+        return out
+
+    assert torch.autograd.gradcheck(forward, (x, conv.weight, conv.bias))
+
+
+def test_conv2d_nchw_input_grad_leaves_the_rest_to_pytorch() -> None:
+    """An input that needs no gradient (LeNet's first layer, WUS's frozen ones), unbatched input and other devices
+    take nn.Conv2d's path; frozen weights still get the input's gradient, and nothing for themselves."""
+    torch.manual_seed(0)
+    conv = Conv2dNCHWInputGrad(6, 16, 5)
+    assert type(conv(torch.randn(2, 6, 14, 14)).grad_fn).__name__ == "ConvolutionBackward0"
+    unbatched = conv(torch.randn(6, 14, 14, requires_grad=True))
+    assert unbatched.shape == (16, 10, 10)
+    assert type(unbatched.grad_fn.next_functions[0][0]).__name__ == "ConvolutionBackward0"  # under a squeeze
+    with torch.device("meta"):
+        assert Conv2dNCHWInputGrad(6, 16, 5)(torch.empty(2, 6, 14, 14, requires_grad=True)).shape == (2, 16, 10, 10)
+    pytorchs = nn.Conv2d(6, 16, 5)
+    pytorchs.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 6, 14, 14)
+    _, ref_grad_x, _, _ = _conv_pass(pytorchs, x)
+    conv.requires_grad_(False)
+    out, grad_x, grad_weight, grad_bias = _conv_pass(conv, x)
+    assert type(out.grad_fn).__name__ == "_Conv2dNCHWInputGradBackward"
+    assert grad_weight is None and grad_bias is None
+    torch.testing.assert_close(grad_x, ref_grad_x)
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)

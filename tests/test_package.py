@@ -19,7 +19,7 @@ def test_positive_int_accepts_counts_and_rejects_the_rest_as_a_usage_error():
             positive_int(text)
 
 
-@pytest.mark.parametrize("script", ["loader", "pool", "malloc", "dfp", "wus"])
+@pytest.mark.parametrize("script", ["loader", "layers", "malloc", "dfp", "wus"])
 def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(script):
     option = {"malloc": "--rounds", "wus": "--batches"}.get(script, "--repeats")
     result = subprocess.run(

@@ -148,7 +148,7 @@ class MaxPool2x2(nn.Module):
     """nn.MaxPool2d(2) in elementwise ops, for few channels on the CPU: the same output and gradient.
 
     PyTorch's CPU pooling kernel vectorises over channels, which LeNet's first pool (6 channels) hardly fills; this
-    takes about half its time (benchmarks/pool.py). Forward: the max of each pair of columns, then of each pair of
+    takes about half its time (benchmarks/layers.py). Forward: the max of each pair of columns, then of each pair of
     rows. Backward gives each window's gradient to its first maximum in row-major order, as PyTorch does, so
     training is bitwise the same (a loser's zero gradient may carry a minus sign, which no sum downstream sees).
     Elsewhere PyTorch's own kernel is as fast or faster: other devices, and wider layers.
@@ -191,6 +191,58 @@ def _pair_grad(x: torch.Tensor, grad: torch.Tensor, dim: int) -> torch.Tensor:
     return x_grad
 
 
+class Conv2dNCHWInputGrad(nn.Conv2d):
+    """nn.Conv2d whose input gradient, on the CPU, is computed on NCHW tensors.
+
+    oneDNN's channels_last kernel for the input gradient is slow with few channels: for LeNet's second conv (6 -> 16
+    channels on 14 x 14) it takes about 1.7x the NCHW kernel's time, about 5% of a whole LeNet step
+    (benchmarks/layers.py). The forward and the weight and bias gradients are nn.Conv2d's own, bitwise; the input
+    gradient is the same up to float rounding, and keeps the input's memory format. Wider layers are as fast or
+    faster as they are (16 -> 32 channels: 2-4x slower this way), and so are other devices, which take nn.Conv2d's
+    path, as does an input that needs no gradient.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.device.type != "cpu"
+            or x.dim() != 4  # unbatched
+            or not x.requires_grad
+            or self.padding_mode != "zeros"
+            or isinstance(self.padding, str)
+        ):
+            return super().forward(x)
+        return _Conv2dNCHWInputGrad.apply(
+            x, self.weight, self.bias, (self.stride, self.padding, self.dilation, self.groups)
+        )
+
+
+class _Conv2dNCHWInputGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv: tuple
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.conv, ctx.bias_sizes = conv, None if bias is None else list(bias.shape)
+        return F.conv2d(x, weight, bias, *conv)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conv
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        grad_x = grad_weight = grad_bias = None
+        if needs_x:
+            grad_x = torch.nn.grad.conv2d_input(x.shape, weight.contiguous(), grad.contiguous(), *ctx.conv)
+            if x.is_contiguous(memory_format=torch.channels_last):
+                grad_x = grad_x.contiguous(memory_format=torch.channels_last)
+        if needs_weight or needs_bias:  # nn.Conv2d's own kernel, on the tensors as they are
+            _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+                grad, x, weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
+                [False, needs_weight, needs_bias],
+            )  # fmt: skip
+        return grad_x, grad_weight, grad_bias, None
+
+
 class LeNet(nn.Module):
     def __init__(self, num_classes: int) -> None:
         super().__init__()
@@ -198,7 +250,7 @@ class LeNet(nn.Module):
             nn.Conv2d(3, 6, kernel_size=5),  # 32 -> 28
             MaxPool2x2(),  # -> 14; pooling before the ReLU is the same function, with 4x less ReLU work
             nn.ReLU(inplace=True),
-            nn.Conv2d(6, 16, kernel_size=5),  # -> 10
+            Conv2dNCHWInputGrad(6, 16, kernel_size=5),  # -> 10
             nn.MaxPool2d(2),  # -> 5
             nn.ReLU(inplace=True),
         )
