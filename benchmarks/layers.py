@@ -131,8 +131,10 @@ def main() -> None:
     drift = max(
         (a - b).abs().max().item() for a, b in zip(pytorch, models["both (create_model)"][0].parameters(), strict=True)
     )
-    print(f"after {steps} identical steps: MaxPool2x2 only bitwise equal to PyTorch's layers: {same}; ", end="")
-    print(f"largest parameter difference of both against PyTorch's layers: {drift:.2g}")
+    print(
+        f"after {steps} identical steps: MaxPool2x2 only bitwise equal to PyTorch's layers: {same}; "
+        f"largest parameter difference of both against PyTorch's layers: {drift:.2g}"
+    )
 
 
 if __name__ == "__main__":
