@@ -1,5 +1,6 @@
-"""The aggregate stage: pairing by seed, the interval math, the papers' figures joined to the right rows, the tables
-and the report, clear errors for bad input; synthetic run folders, plus the real quick pipeline (e2e)."""
+"""The aggregate stage: pairing by seed, the interval math, compute saved, the robust wall-clock figures, the papers'
+figures joined to the right rows, the tables and the report, "within noise", clear errors for bad input; synthetic
+run folders, plus the real quick pipeline (e2e)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ from cheaptrain.aggregate import (
     collect,
     describe,
     load_published,
-    own_time_saving,
     read_summary,
     summarize,
     summary_csv,
 )
-from cheaptrain.report import FIGURES, paper_tables, setting_differences
+from cheaptrain.report import FIGURES, findings, paper_tables, saving_figure, setting_differences
+from cheaptrain.timing import run_time
 
 from conftest import REPO, grid, read_csv, run_in
 
@@ -48,8 +49,15 @@ def write_run(
     (folder / "run.json").write_text(json.dumps(info))
 
 
-def synthetic_run(root: Path, study: str, dataset: str, model: str, method: str, seed: int, epochs: int = 10) -> dict:
-    """A plausible run: accuracy rises, DFP prunes from epoch 4, WUS skips from epoch 6 (one fallback at 8)."""
+FLOPS_PER_SAMPLE = 1.2e6  # forward + backward of a normal step
+SKIP_FLOPS_PER_SAMPLE = 0.4e6  # a WUS skip step: the forward and the last layer's bias
+
+
+def synthetic_run(
+    root: Path, study: str, dataset: str, model: str, method: str, seed: int, epochs: int = 10, flops: bool = True
+) -> dict:
+    """A plausible run: accuracy rises, DFP prunes from epoch 4, WUS skips from epoch 6 (one fallback at 8); without
+    `flops`, a run logged before FLOPs were counted."""
     history = []
     for e in range(1, epochs + 1):
         row = {"epoch": e, "lr": 0.02 if e <= 6 else 0.004, "train_loss": 2 / e, "train_acc": 30 + 3 * e}
@@ -57,6 +65,8 @@ def synthetic_run(root: Path, study: str, dataset: str, model: str, method: str,
         skip = method in ("wus", "wus_lr") and e >= 6 and e != 8
         row["trained_samples"] = 50000 - pruned
         row["epoch_train_s"] = (1.0 if skip else 3.0 * (1 - pruned / 50000)) + 0.01 * seed
+        if flops:
+            row["train_flops"] = row["trained_samples"] * (SKIP_FLOPS_PER_SAMPLE if skip else FLOPS_PER_SAMPLE)
         drop = {"dfp": 0.3, "random_prune": 0.8, "wus": 1.0, "wus_lr": 0.6}.get(method, 0)
         row["test_acc"] = 40 + 20 * (1 - math.exp(-e / 3)) - drop * (e >= 4) + seed * 0.5
         row |= {"test_loss": 1.0, "eval_s": 0.2}
@@ -76,6 +86,8 @@ def synthetic_run(root: Path, study: str, dataset: str, model: str, method: str,
         "total_trained_samples": sum(r["trained_samples"] for r in history),
         "epochs": epochs,
     }
+    if flops:
+        metrics["total_train_flops"] = sum(r["train_flops"] for r in history)
     if method in ("dfp", "random_prune"):
         metrics |= {"planned_pruning_epochs": 7, "planned_saving_pct": 7.0, "pruning_epochs": 7,
                     "pruned_samples_total": 35000, "selection_s_total": 0.07, "overhead_s": 0.1}  # fmt: skip
@@ -88,7 +100,7 @@ def synthetic_run(root: Path, study: str, dataset: str, model: str, method: str,
     return metrics
 
 
-def synthetic_grid(root: Path, seeds=(0, 1, 2), models=("lenet",)) -> dict:
+def synthetic_grid(root: Path, seeds=(0, 1, 2), models=("lenet",), flops: bool = True) -> dict:
     params = {
         "grid": {
             "dfp": {"datasets": ["cifar10"], "models": list(models), "methods": ["baseline", "dfp", "random_prune"],
@@ -101,7 +113,7 @@ def synthetic_grid(root: Path, seeds=(0, 1, 2), models=("lenet",)) -> dict:
         for model in g["models"]:
             for method in g["methods"]:
                 for seed in g["seeds"]:
-                    synthetic_run(root, study, "cifar10", model, method, seed)
+                    synthetic_run(root, study, "cifar10", model, method, seed, flops=flops)
     return params
 
 
@@ -147,7 +159,7 @@ def test_methods_are_paired_with_the_baseline_of_the_same_seed(tmp_path):
 
 
 def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
-    """Full epochs: every sample and (WUS) every parameter trained; the nearest ones price each cheaper epoch."""
+    """Full epochs: the run's largest work; cheaper epochs priced by their kind's time per unit of work."""
     params = synthetic_grid(tmp_path)
     summary = by_key(summarize(collect(params, tmp_path), MEASURES))
 
@@ -159,17 +171,102 @@ def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
     wus = [saving(3.0 + 0.01 * s, 1.0 + 0.01 * s, 6, 4) for s in seeds]  # 4 skip epochs, one fallback among them
     assert summary[("dfp", "cifar10", "lenet", "dfp")]["own_time_saving_pct_mean"] == pytest.approx(sum(dfp) / 3)
     assert summary[("wus", "cifar10", "lenet", "wus")]["own_time_saving_pct_mean"] == pytest.approx(sum(wus) / 3)
-    assert summary[("dfp", "cifar10", "lenet", "baseline")]["own_time_saving_pct_mean"] == 0
+    baseline = summary[("dfp", "cifar10", "lenet", "baseline")]
+    assert baseline["own_time_saving_pct_mean"] == 0  # exactly, however its epochs scatter
+    assert baseline["first_epoch_s_mean"] == pytest.approx(3.01) and baseline["full_epoch_s_mean"] == pytest.approx(
+        3.01
+    )
+    assert run_time([{"epoch_train_s": 1.0}], "no work") is None and run_time([], "empty") is None
 
-    def epochs(*spec: tuple[float, int]) -> list[dict[str, float]]:
-        return [{"epoch_train_s": t, "trained_samples": n} for t, n in spec]
 
-    # the machine slows down from the third epoch: each cheap epoch is priced by the full epochs next to it
-    slowing = epochs((2.0, 100), (1.0, 70), (2.0, 100), (4.0, 100), (2.0, 70), (4.0, 100))
-    assert own_time_saving(slowing) == pytest.approx(100 * (1 - 15.0 / 18.0))
-    assert own_time_saving(epochs((2.0, 100), (1.0, 70), (4.0, 100))) == pytest.approx(100 * (1 - 7.0 / 9.0))
-    assert own_time_saving(epochs((2.0, 100), (9.0, 100), (3.0, 100))) == 0  # no cheaper epoch, however noisy
-    assert own_time_saving([{"epoch_train_s": 1.0}]) is None and own_time_saving([]) is None
+def timed_history(seconds: list[float], skip: set[int] = frozenset()) -> list[dict[str, float]]:
+    """Epochs of 50,000 samples taking `seconds`; the epochs in `skip` are WUS skip epochs."""
+    return [
+        {"epoch": e, "test_acc": 50.0 + e, "epoch_train_s": t, "trained_samples": 50000,
+         "train_flops": 50000 * (SKIP_FLOPS_PER_SAMPLE if e in skip else FLOPS_PER_SAMPLE),
+         "updated_params": 10 if e in skip else 62006}
+        for e, t in enumerate(seconds, 1)
+    ]  # fmt: skip
+
+
+def write_timed_run(root: Path, method: str, history: list[dict[str, float]]) -> None:
+    metrics = {"final_acc": 60.0, "best_acc": 60.0, "best3_acc": 60.0, "epochs": len(history),
+               "train_time_s": sum(r["epoch_train_s"] for r in history),
+               "total_trained_samples": sum(r["trained_samples"] for r in history),
+               "total_train_flops": sum(r["train_flops"] for r in history)}  # fmt: skip
+    write_run(root, "wus", f"cifar10-lenet-{method}-s0", history, metrics)
+
+
+def nearest_full_epoch_saving(history: list[dict[str, float]]) -> float:
+    """The estimator the robust one replaces, for contrast: each cheaper epoch priced at its nearest full epochs."""
+    times = [r["epoch_train_s"] for r in history]
+    full = [i for i, r in enumerate(history) if r["updated_params"] == max(h["updated_params"] for h in history)]
+
+    def price(i: int) -> float:
+        nearest = [i] if i in full else [j for j in full if j < i][-1:] + [j for j in full if j > i][:1]
+        return sum(times[j] for j in nearest) / len(nearest)
+
+    return 100 * (1 - sum(times) / sum(price(i) for i in range(len(times))))
+
+
+def test_a_slow_first_epoch_and_a_few_slow_epochs_do_not_move_the_robust_savings(tmp_path):
+    """WUS with skip epochs 8-10 (2.6 s against 6 s) saves 17.0% of a 10-epoch run, against its baseline and against
+    its own full epochs. Epoch 1 at 10x and two later epochs at 2-5x, in both runs, move neither by a point."""
+    jitter = [1.00, 1.01, 0.99, 1.02, 0.98, 1.00, 1.01, 0.99, 1.00, 1.02]
+    base_quiet = [6.0 * j for j in jitter]
+    wus_quiet = [6.0 * j if e <= 7 else 2.6 * j for e, j in enumerate(jitter, 1)]
+    truth = 100 * (1 - (7 * 6.0 + 3 * 2.6) / (10 * 6.0))
+    slow = {"baseline": {1: 10, 5: 3, 7: 2}, "wus": {1: 10, 4: 5, 9: 2}}  # epoch: how many times slower
+    base_noisy = [t * slow["baseline"].get(e, 1) for e, t in enumerate(base_quiet, 1)]
+    wus_noisy = [t * slow["wus"].get(e, 1) for e, t in enumerate(wus_quiet, 1)]
+    params = {"grid": {"wus": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline", "wus"],
+                               "seeds": [0]}}}  # fmt: skip
+    figures = {}
+    for name, (base, wus) in {"quiet": (base_quiet, wus_quiet), "noisy": (base_noisy, wus_noisy)}.items():
+        root = tmp_path / name
+        write_timed_run(root, "baseline", timed_history(base))
+        write_timed_run(root, "wus", timed_history(wus, skip={8, 9, 10}))
+        figures[name] = by_key(summarize(collect(params, root), MEASURES))[("wus", "cifar10", "lenet", "wus")]
+    for name in ("quiet", "noisy"):
+        for column in ("time_saving_pct_mean", "own_time_saving_pct_mean"):
+            assert figures[name][column] == pytest.approx(truth, abs=1.0), (name, column)
+    noisy = figures["noisy"]
+    assert noisy["first_epoch_s_mean"] == pytest.approx(60.0)
+    assert noisy["full_epoch_s_mean"] == pytest.approx(6.0, abs=0.1)  # the median of epochs 2-7, one at 5x
+    assert noisy["compute_saving_pct_mean"] == pytest.approx(100 * 3 * (1 - 1 / 3) / 10)  # the bound, above 17%
+    assert noisy["own_time_saving_pct_lo"] <= noisy["own_time_saving_pct_mean"] <= noisy["own_time_saving_pct_hi"]
+    # what the slow epochs did to the summed times and to the nearest-full-epoch estimator
+    assert abs(100 * (1 - sum(wus_noisy) / sum(base_noisy)) - truth) > 10
+    assert abs(nearest_full_epoch_saving(timed_history(wus_noisy, skip={8, 9, 10})) - truth) > 5
+    again = by_key(summarize(collect(params, tmp_path / "noisy"), MEASURES))[("wus", "cifar10", "lenet", "wus")]
+    assert again == noisy  # the bootstrap is seeded: the same intervals every time
+
+
+def test_compute_saving_is_exact_and_intervals_cover_the_seeds(tmp_path):
+    params = synthetic_grid(tmp_path)
+    summary = by_key(summarize(collect(params, tmp_path), MEASURES))
+    dfp, wus = summary[("dfp", "cifar10", "lenet", "dfp")], summary[("wus", "cifar10", "lenet", "wus")]
+    assert dfp["compute_saving_pct_mean"] == pytest.approx(7.0, rel=1e-12)  # 7 epochs of 10% fewer samples
+    assert wus["compute_saving_pct_mean"] == pytest.approx(4 * (1 - 1 / 3) * 10, rel=1e-12)  # 4 skip epochs at 1/3
+    assert dfp["compute_saving_pct_std"] == pytest.approx(0, abs=1e-12) and dfp["work_measure"] == "flops"
+    assert "compute_saving_pct_mean" not in summary[("dfp", "cifar10", "lenet", "baseline")]
+    for row in (dfp, wus):  # 3 seeds: at least the t-interval over seeds
+        mean, ci = row["time_saving_pct_mean"], row["time_saving_pct_ci95"]
+        assert row["time_saving_pct_lo"] <= mean - ci and row["time_saving_pct_hi"] >= mean + ci
+
+
+def test_runs_without_train_flops_still_aggregate(tmp_path):
+    """Runs logged before FLOPs were counted: epochs weighed by trained samples, WUS kinds by updated parameters."""
+    params = synthetic_grid(tmp_path, seeds=(0,), flops=False)
+    summary = add_published(summarize(collect(params, tmp_path), MEASURES), load_published(PUBLISHED))
+    rows = by_key(summary)
+    wus = rows[("wus", "cifar10", "lenet", "wus")]
+    assert wus["work_measure"] == "samples" and "compute_saving_pct_mean" not in wus
+    assert wus["own_time_saving_pct_mean"] == pytest.approx(100 * (1 - (6 * 3.0 + 4 * 1.0) / 30))
+    assert wus["time_saving_pct_mean"] == pytest.approx(100 * (1 - 22.0 / 30))
+    lines = findings(summary, {"acc_points": 0.5, "saving_points": 3.0})
+    assert any("cifar10/lenet/wus" in line and "compute saved unknown (runs without train_flops" in line
+               for line in lines)  # fmt: skip
 
 
 def test_published_figures_join_the_right_rows():
@@ -207,13 +304,72 @@ def test_tables_are_laid_out_like_the_papers(tmp_path):
     rows = {r[2]: dict(zip(t1.headers, r, strict=True)) for r in t1.rows}
     assert rows["dfp"]["paper %"] == "11.80" and rows["random_prune"]["paper %"] == "not in the paper"
     assert rows["baseline"]["time saved %"] == "—"
-    assert " ± " in rows["dfp"]["time saved %"]  # 3 seeds: a 95% interval
+    dfp = by_key(summary)[("dfp", "cifar10", "lenet", "dfp")]
+    lo, hi = dfp["time_saving_pct_lo"], dfp["time_saving_pct_hi"]
+    assert rows["dfp"]["time saved %"] == f"{dfp['time_saving_pct_mean']:.1f} [{lo:.1f}, {hi:.1f}]"  # 95% interval
+    assert rows["dfp"]["compute saved %"] == "7.0 ± 0.0" and rows["baseline"]["compute saved %"] == "—"
+    assert {"1st epoch s", "full epoch s", "own time saved %"} <= set(t1.headers)
     t2 = {r[2]: dict(zip(tables["dfp_table2"].headers, r, strict=True)) for r in tables["dfp_table2"].rows}
     assert "best-3 acc %" in tables["dfp_table2"].headers and t2["baseline"]["paper %"] == "75.15"
     assert t2["dfp"]["paper Δ"] == "-0.43"
     assert [r[2] for r in tables["wus_table3"].rows] == ["wus", "wus_lr"]  # Table 3 has no baseline row
     assert all("not in the paper" in r for r in tables["wus_table3"].rows)  # the WUS paper has no LeNet
     assert "final acc %" in tables["wus_table2"].headers
+
+
+def noise_rows() -> list[dict]:
+    """One-seed summary rows of DFP and its control, each a case of the within-noise rules."""
+
+    def row(model: str, method: str, time: tuple[float, float, float], paper: float | None = None, **more) -> dict:
+        figures = dict(zip(("time_saving_pct_mean", "time_saving_pct_lo", "time_saving_pct_hi"), time, strict=True))
+        if paper is not None:
+            figures |= {"paper_time_saving_pct": paper, "time_saving_vs_paper": time[0] - paper}
+        return {"study": "dfp", "dataset": "cifar10", "model": model, "method": method, "seeds": 1,
+                "acc_measure": "best3_acc", "acc_mean": 60.0} | figures | more  # fmt: skip
+
+    own = {"own_time_saving_pct_mean": -3.0, "own_time_saving_pct_lo": -8.0, "own_time_saving_pct_hi": 2.0}
+    return [
+        row("lenet", "dfp", (51.6, 45.0, 58.0), 11.8, compute_saving_pct_mean=12.0),  # far above its bound
+        row("lenet", "random_prune", (-61.5, -70.0, -50.0), compute_saving_pct_mean=12.0, **own),  # less work, slower
+        row("vgg13", "dfp", (9.0, 5.0, 13.0), 7.4, compute_saving_pct_mean=12.0),  # the paper's inside our interval
+        row("vgg13", "random_prune", (10.0, 8.0, 12.0), compute_saving_pct_mean=12.0),  # saved time: a finding
+        row("vgg16", "dfp", (2.0, 1.5, 2.5), 7.56, compute_saving_pct_mean=12.0),  # a mismatch
+        row("vgg16", "random_prune", (2.0, -1.0, 5.0), compute_saving_pct_mean=12.0),  # 0 inside the interval
+        row("resnet18", "random_prune", (-20.0, -25.0, -15.0), sample_saving_pct_mean=12.0),  # no FLOPs: samples
+    ]
+
+
+def test_time_savings_within_noise_are_marked_and_never_called_findings_or_mismatches():
+    rows = noise_rows()
+    lines = {(r["model"], r["method"]): line for r, line in
+             zip(rows, findings(rows, {"acc_points": 0.5, "saving_points": 3.0}), strict=True)}  # fmt: skip
+    above = "vs the paper's +11.80%: above the compute saved (12.00%), its bound: noise, not a finding"
+    assert f"time saved +51.60% [+45.00, +58.00] {above}" in lines["lenet", "dfp"]
+    assert "compute saved +12.00% (the bound for the time saved)" in lines["lenet", "dfp"]
+    assert "time saved -61.50% [-70.00, -50.00]: within noise (not in the paper)" in lines["lenet", "random_prune"]
+    assert "own full epochs -3.00% [-8.00, +2.00]: within noise" in lines["lenet", "random_prune"]
+    assert "vs the paper's +7.40%: within noise (neither a match nor a mismatch)" in lines["vgg13", "dfp"]
+    assert "within noise" not in lines["vgg13", "random_prune"]
+    assert "does NOT match (-5.56, beyond ±3.00 and outside our interval)" in lines["vgg16", "dfp"]
+    assert "within noise" not in lines["vgg16", "dfp"] and "does NOT match" not in lines["lenet", "dfp"]
+    assert "time saved +2.00% [-1.00, +5.00]: within noise" in lines["vgg16", "random_prune"]
+    assert "time saved -20.00% [-25.00, -15.00]: within noise" in lines["resnet18", "random_prune"]
+
+    table = next(t for t in paper_tables(rows) if t.slug == "dfp_table1")
+    cells = {(r[1], r[2]): dict(zip(table.headers, r, strict=True)) for r in table.rows}
+    assert cells["lenet", "random_prune"]["time saved %"] == "-61.5 [-70.0, -50.0] within noise"
+    assert cells["lenet", "random_prune"]["own time saved %"] == "-3.0 [-8.0, 2.0] within noise"
+    assert cells["resnet18", "random_prune"]["time saved %"] == "-20.0 [-25.0, -15.0] within noise"
+    assert cells["vgg13", "dfp"]["time saved %"] == "9.0 [5.0, 13.0]"  # 0 is outside; the paper's 7.4 inside
+    assert cells["vgg13", "dfp"]["diff"] == "+1.6 within noise"
+    assert cells["vgg16", "dfp"]["diff"] == "-5.6" and cells["lenet", "dfp"]["compute saved %"] == "12.0"
+    negative = [c["time saved %"] for c in cells.values() if c["time saved %"].startswith("-")]
+    assert negative and all(c.endswith("within noise") for c in negative)
+
+    (ax,) = [a for a in saving_figure(rows).axes if a.get_visible()]
+    marked = [t.get_position()[0] for t in ax.texts if t.get_text() == "noise"]
+    time_bar = -0.1  # offset of the time bars; own time bars at +0.1
+    assert sorted(marked) == pytest.approx([1 + time_bar, 1 + 0.1, 5 + time_bar, 6 + time_bar])
 
 
 def test_report_says_where_the_setting_differs_from_the_papers(tmp_path):

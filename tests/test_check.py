@@ -1,5 +1,6 @@
 """The regression gate: passes a good summary, exits 1 naming every violation of a bad one, compares with a reference,
-says what it did not check, rejects unknown keys; and in the quick pipeline, `dvc repro` fails when it does."""
+says what it did not check (wall-clock thresholds under check.wall_clock report), rejects unknown keys; and in the
+quick pipeline, `dvc repro` fails when it does."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import yaml
 
 from cheaptrain import UserError
 from cheaptrain.aggregate import read_summary, summary_csv
-from cheaptrain.check import evaluate, load_gate, render
+from cheaptrain.check import Check, evaluate, load_gate, render
 
 from conftest import REPO, run_in
 
@@ -24,6 +25,7 @@ THRESHOLDS = {
     "min_time_saving": {"dfp": 5.0, "wus": 20.0},
     "min_params_reduction": {"wus": 50.0},
     "reference_margin": 1.0,
+    "wall_clock": "gate",  # a quiet machine: the time savings are gated
 }
 
 
@@ -100,17 +102,53 @@ def test_gate_exits_1_with_a_table_of_every_violation(tmp_path):
 
 def test_time_saved_against_the_runs_own_full_epochs_is_gated(tmp_path):
     rows = [
-        row("dfp", "baseline", 62.0, own_time_saving_pct=1.0),
+        row("dfp", "baseline", 62.0, own_time_saving_pct=0.0),
         row("dfp", "dfp", 61.5, own_time_saving_pct=9.0),
-        row("wus", "baseline", 61.0, own_time_saving_pct=-1.0),
+        row("wus", "baseline", 61.0, own_time_saving_pct=0.0),
         row("wus", "wus", 60.0, own_time_saving_pct=4.0),  # below its 10
     ]
-    result = gate(tmp_path, rows, {"min_own_time_saving": {"dfp": 5.0, "wus": 10.0}})
+    result = gate(tmp_path, rows, {"min_own_time_saving": {"dfp": 5.0, "wus": 10.0}, "wall_clock": "gate"})
     assert result.returncode == 1, result.stdout + result.stderr
     out = squash(result.stdout)
     assert "FAILED: 1 violation(s) of 2 checks" in out
     assert "FAIL wus cifar10/lenet/wus time saved vs its own full epochs 4.00 % >= 10.00 %" in out
     assert "1 other check(s) passed" in out  # dfp: 9 >= 5
+
+
+def test_wall_clock_thresholds_are_reported_not_gated_unless_the_params_say_gate(tmp_path):
+    check = {"min_time_saving": {"dfp": 5.0, "wus": 20.0}, "min_own_time_saving": {"wus": 20.0},
+             "max_acc_drop": {"dfp": 1.0, "wus": 2.0}}  # fmt: skip
+    slow = [r | {"time_saving_pct_mean": 4.0, "own_time_saving_pct_mean": 25.0} if r["method"] == "wus" else r
+            for r in good()]  # fmt: skip
+    result = gate(tmp_path, slow, check)  # wus saved 4% against its 20: not evaluated by default
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = squash(result.stdout)
+    assert "PASSED: all 2 checks" in out and "time saved" not in out.split("Not checked:")[0]
+    not_gated = "not checked (wall-clock reported, not gated: check.wall_clock is report)"
+    assert f"  - min_time_saving: {not_gated}: dfp, wus" in result.stdout
+    assert f"  - min_own_time_saving: {not_gated}: wus" in result.stdout
+    assert json.loads((tmp_path / "check.json").read_text())["not_checked"] == 4  # and the baseline, ungated
+    reported = evaluate(slow, load_gate({"check": check | {"wall_clock": "report"}}))
+    assert [c.status for c in reported if "time" in c.check] == ["skip", "skip", "skip"]
+    gated = evaluate(slow, load_gate({"check": check | {"wall_clock": "gate"}}))
+    timed = [(c.status, c.config, c.value) for c in gated if c.check.startswith("time saved")]
+    assert timed == [("pass", "dfp cifar10/lenet/dfp", "9.00 %"), ("FAIL", "wus cifar10/lenet/wus", "4.00 %"),
+                     ("pass", "wus cifar10/lenet/wus", "25.00 %")]  # fmt: skip
+
+
+def test_compute_saving_is_gated_at_its_boundary_and_a_run_without_flops_fails_clearly():
+    gate_ = load_gate({"check": {"min_compute_saving": {"dfp": 12.0}}})
+
+    def compute_check(**figures: float) -> Check:
+        (check,) = evaluate([row("dfp", "dfp", 61.5, acc_delta=-0.5, **figures)], gate_)
+        return check
+
+    assert compute_check(compute_saving_pct=12.0) == Check(
+        "pass", "dfp cifar10/lenet/dfp", "compute saved vs baseline", "12.00 %", ">= 12.00 %"
+    )
+    assert compute_check(compute_saving_pct=11.99).status == "FAIL"
+    unknown = compute_check()  # its runs were trained before FLOPs were counted
+    assert unknown.status == "FAIL" and "no train_flops in its runs or its baseline's" in unknown.check
 
 
 def test_gate_fails_when_a_method_lost_accuracy_against_the_reference(tmp_path):
@@ -170,6 +208,9 @@ def test_null_thresholds_are_off_and_a_method_without_its_baseline_fails(tmp_pat
         ({"max_acc_drop": [1, 2]}, "check.max_acc_drop: must map method names to numbers"),
         ({"min_time_saving": {"baseline": 5}}, "check.min_time_saving.baseline: the baseline is the reference"),
         ({"reference_margin": -1}, "check.reference_margin: -1 is not accepted"),
+        ({"wall_clock": "sometimes"}, "check.wall_clock: 'sometimes' is not accepted; accepted: report | gate"),
+        ({"min_compute_saving": {"baseline": 1}}, "check.min_compute_saving.baseline: the baseline is the reference"),
+        ({"min_compute_saving": {"dfp": True}}, "check.min_compute_saving.dfp: True is not a finite number"),
     ],
 )
 def test_bad_thresholds_are_clear_errors(tmp_path, check, message):

@@ -1,8 +1,10 @@
 """Collect every run of the grid and summarise it per (study, dataset, model, method), over seeds, beside the papers.
 
-Each method run is paired by seed with the baseline of its study (same recipe, same seed): accuracy delta, time saved
-and sample-passes saved are computed per pair, then averaged. Every statistic has a mean, a standard deviation (2+
-seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`, `<name>_std`, `<name>_ci95`.
+Each method run is paired by seed with the baseline of its study (same recipe, same seed): accuracy delta, compute
+saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged. Every statistic has a
+mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`,
+`<name>_std`, `<name>_ci95`. Wall-clock figures come from each run's robust training time (`cheaptrain.timing`: a few
+slow epochs do not move it), and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cheaptrain import UserError, is_number
+from cheaptrain.timing import RunTime, run_time, seed_interval
 
 KEY = ("study", "dataset", "model", "method")
 BASELINE = "baseline"
@@ -34,9 +37,11 @@ T975 = (
 )  # fmt: skip
 
 STATS = (  # statistics with mean, sd and interval; the paired ones only on method rows
-    "acc", "final_acc", "best3_acc", "train_time_s", "acc_delta", "time_saving_pct", "sample_saving_pct",
-    "planned_saving_pct", "updated_params_reduction_pct", "own_time_saving_pct",
+    "acc", "final_acc", "best3_acc", "train_time_s", "robust_train_time_s", "first_epoch_s", "full_epoch_s",
+    "acc_delta", "compute_saving_pct", "time_saving_pct", "own_time_saving_pct", "sample_saving_pct",
+    "planned_saving_pct", "updated_params_reduction_pct",
 )  # fmt: skip
+INTERVALS = ("time_saving_pct", "own_time_saving_pct")  # wall-clock savings: 95% interval, `_lo` and `_hi`
 MEANS = ("overhead_s", "pruning_epochs", "pruned_samples_total", "skip_epochs", "normal_epochs", "wall_time_s")
 PUBLISHED = (  # the paper's figure beside ours, and ours minus the paper's
     "paper_acc", "acc_vs_paper", "paper_acc_delta", "acc_delta_vs_paper", "paper_train_time_s", "paper_overhead_s",
@@ -49,7 +54,9 @@ SUMMARY_COLUMNS = (
     "epochs",
     "recipe",
     "acc_measure",
+    "work_measure",
     *(f"{s}_{part}" for s in STATS for part in ("mean", "std", "ci95")),
+    *(f"{s}_{end}" for s in INTERVALS for end in ("lo", "hi")),
     *(f"{m}_mean" for m in MEANS),
     *PUBLISHED,
     "mlflow_run_ids",
@@ -157,6 +164,7 @@ def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
 def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]:
     """One row per (study, dataset, model, method): statistics over seeds, methods paired by seed with the baseline."""
     baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
+    times = {(r.study, r.name): run_time(r.history, f"{r.study}/{r.name}") for r in runs}
     summary = []
     for key, group in itertools.groupby(sorted(runs, key=_order), key=lambda r: tuple(getattr(r, k) for k in KEY)):
         group = list(group)
@@ -172,17 +180,32 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
         values["acc"] = [r.metrics[measure] for r in group]
         for name in ("planned_saving_pct", "updated_params_reduction_pct"):
             values[name] = [r.metrics.get(name) for r in group]
-        values["own_time_saving_pct"] = [own_time_saving(r.history) for r in group]
+        replicates: dict[str, list[list[float]]] = {}  # per seed, a wall-clock saving's bootstrap replicates
+        timed = [times[r.study, r.name] for r in group]
+        if all(timed):
+            row["work_measure"] = ",".join(sorted({t.work_measure for t in timed}))
+            values["robust_train_time_s"] = [t.robust_time_s for t in timed]
+            values["first_epoch_s"] = [t.first_epoch_s for t in timed]
+            values["full_epoch_s"] = [t.full_epoch_s for t in timed]
+            values["own_time_saving_pct"] = [t.own_saving_pct for t in timed]
+            replicates["own_time_saving_pct"] = [t.own_saving_replicates for t in timed]
         partners = [baselines.get((r.study, r.dataset, r.model, r.seed)) for r in group]
         if method != BASELINE and all(partners):
             pairs = list(zip(group, partners, strict=True))
             values["acc_delta"] = [r.metrics[measure] - b.metrics[measure] for r, b in pairs]
-            values["time_saving_pct"] = [_saving(r, b, "train_time_s") for r, b in pairs]
             values["sample_saving_pct"] = [_saving(r, b, "total_trained_samples") for r, b in pairs]
+            if all("total_train_flops" in r.metrics and "total_train_flops" in b.metrics for r, b in pairs):
+                values["compute_saving_pct"] = [_saving(r, b, "total_train_flops") for r, b in pairs]
+            timed_pairs = [(times[r.study, r.name], times[b.study, b.name]) for r, b in pairs]
+            if all(t and bt for t, bt in timed_pairs):
+                values["time_saving_pct"] = [_time_saving(t.robust_time_s, bt.robust_time_s) for t, bt in timed_pairs]
+                replicates["time_saving_pct"] = [_paired_replicates(t, bt) for t, bt in timed_pairs]
         for name, vals in values.items():
             if vals and all(v is not None for v in vals):
                 for part, value in zip(("mean", "std", "ci95"), describe(vals), strict=True):
                     row[f"{name}_{part}"] = value
+        for name, per_seed in replicates.items():
+            row[f"{name}_lo"], row[f"{name}_hi"] = seed_interval(per_seed, row[f"{name}_mean"], row[f"{name}_ci95"])
         for name in MEANS:
             if all(name in r.metrics for r in group):
                 row[f"{name}_mean"] = statistics.fmean(r.metrics[name] for r in group)
@@ -200,39 +223,18 @@ def _order(run: Run) -> tuple:
     return (run.study, run.dataset, run.model, run.method != BASELINE, run.method, run.seed)  # baseline first
 
 
-def own_time_saving(history: list[dict[str, float]]) -> float | None:
-    """Training time saved against the run's own full epochs (%): each cheaper epoch (fewer samples or fewer updated
-    parameters than the run's fullest) is priced at the mean time of its nearest full epochs before and after it,
-    each full epoch at its own time; 100 * (1 - training time / that price). A run without cheaper epochs saves 0.
-
-    Unlike the saving against the baseline, both sides come from one process, seconds apart: a shared machine's
-    drift between two runs (up to 20% on a 2-core VM), or within a run, does not enter it. None without per-epoch
-    times or without a full epoch.
-    """
-    if not history or any("epoch_train_s" not in row or "trained_samples" not in row for row in history):
-        return None
-    most_samples = max(row["trained_samples"] for row in history)
-    most_params = max(row.get("updated_params", 0.0) for row in history)
-    times = [row["epoch_train_s"] for row in history]
-    full = [
-        i
-        for i, row in enumerate(history)
-        if row["trained_samples"] == most_samples and row.get("updated_params", 0.0) == most_params
-    ]
-    if not full:
-        return None
-
-    def price(i: int) -> float:
-        if i in full:
-            return times[i]
-        nearest = [j for j in full if j < i][-1:] + [j for j in full if j > i][:1]  # the full epoch before, after
-        return statistics.fmean(times[j] for j in nearest)
-
-    return 100 * (1 - sum(times) / sum(price(i) for i in range(len(times))))
-
-
 def _saving(run: Run, baseline: Run, metric: str) -> float:
     return 100 * (1 - run.metrics[metric] / baseline.metrics[metric]) if baseline.metrics[metric] else math.nan
+
+
+def _time_saving(seconds: float, baseline_seconds: float) -> float:
+    return 100 * (1 - seconds / baseline_seconds) if baseline_seconds else math.nan
+
+
+def _paired_replicates(run: RunTime, baseline: RunTime) -> list[float]:
+    """The time saved against the baseline from each pair of replicates (the two runs resample independently)."""
+    pairs = zip(run.robust_time_replicates, baseline.robust_time_replicates, strict=True)
+    return [_time_saving(t, b) for t, b in pairs]
 
 
 def load_published(path: Path) -> dict[tuple[str, str, str, str, str], float]:
@@ -314,7 +316,7 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
             for k, v in raw.items():
                 if v in ("", None):
                     continue
-                if k in (*KEY, "recipe", "acc_measure", "mlflow_run_ids"):
+                if k in (*KEY, "recipe", "acc_measure", "work_measure", "mlflow_run_ids"):
                     row[k] = v
                     continue
                 try:
@@ -329,7 +331,10 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
 
 def headline(summary: list[dict[str, Any]]) -> dict[str, Any]:
     """results/metrics.json for `dvc metrics show`: per study and configuration, the figures a reader compares."""
-    keep = ("acc", "acc_delta", "train_time_s", "time_saving_pct", "planned_saving_pct", "updated_params_reduction_pct")
+    keep = (
+        "acc", "acc_delta", "train_time_s", "compute_saving_pct", "time_saving_pct", "own_time_saving_pct",
+        "planned_saving_pct", "updated_params_reduction_pct",
+    )  # fmt: skip
     metrics: dict[str, Any] = {}
     for row in summary:
         name = f"{row['dataset']}-{row['model']}-{row['method']}"

@@ -2,6 +2,11 @@
 
 Outputs under results/ (the aggregate stage): report.md, figures/*.png, curves/<study>-<dataset>-<model>-<method>.csv
 (per-epoch means over seeds, for `dvc plots`), and one MLflow run in the experiment `aggregate`.
+
+Wall-clock savings are shown with their 95% interval and beside the compute saved, their bound (`cheaptrain.timing`).
+A time saving is "within noise" of a figure, 0 or the paper's, when its interval contains it; a time saving below 0
+of a method that did less work is within noise too, since the interval cannot see a machine that was busier during
+one run than during the other. Such a figure is neither called a finding nor a mismatch.
 """
 
 from __future__ import annotations
@@ -90,6 +95,33 @@ def paper(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -
     return NOT_IN_PAPER
 
 
+def interval_text(row: dict[str, Any], name: str, digits: int = 1) -> str:
+    """'mean [lo, hi]' with the figure's 95% interval; stat() where the summary has none."""
+    if row.get(f"{name}_lo") is None or row.get(f"{name}_mean") is None:
+        return stat(row, name, digits)
+    return f"{row[f'{name}_mean']:.{digits}f} [{row[f'{name}_lo']:.{digits}f}, {row[f'{name}_hi']:.{digits}f}]"
+
+
+def less_work(row: dict[str, Any]) -> bool:
+    """Whether the method did less work than its baseline: fewer FLOPs, or (runs without FLOPs) fewer samples."""
+    saved = row.get("compute_saving_pct_mean", row.get("sample_saving_pct_mean"))
+    return saved is not None and saved > 0
+
+
+def within_noise(row: dict[str, Any], name: str, compared: float) -> bool:
+    """Whether the wall-clock saving `name` cannot be told from `compared` (module docstring)."""
+    mean, lo, hi = (row.get(f"{name}_{part}") for part in ("mean", "lo", "hi"))
+    if row["method"] == BASELINE or mean is None:
+        return False
+    return (lo is not None and lo <= compared <= hi) or (mean < 0 and less_work(row))
+
+
+def saving_cell(row: dict[str, Any], name: str) -> str:
+    """A wall-clock saving with its interval, marked when it is within noise of 0."""
+    text = interval_text(row, name)
+    return f"{text} within noise" if within_noise(row, name, 0.0) else text
+
+
 def md_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
@@ -122,8 +154,14 @@ ID: list[Column] = [
     ("seeds", lambda r: str(int(r["seeds"]))),
 ]
 TIME_NOTE = (
-    "Times in seconds are this machine's, the paper's come from other hardware and 200 epochs: compare the savings "
-    "(time saved = 100·(1 − method / baseline training time), paired by seed), not the seconds. "
+    "Times in seconds are this machine's, the paper's come from other hardware and 200 epochs: compare the savings, "
+    "not the seconds. Train time: the sum of the epochs; 1st epoch: epoch 1 alone (one-off costs); full epoch: the "
+    "median of the later epochs that train everything. Compute saved = 100·(1 − training FLOPs / the baseline's), "
+    "paired by seed: what an ideal implementation saves on any hardware, the bound for the time saved. Time saved = "
+    "100·(1 − robust time / the baseline's), paired by seed; own time saved: against the run's own full epochs (no "
+    "drift between runs). The robust time weighs each kind of epoch by its median seconds per unit of work, so a few "
+    "slow epochs do not move it (`src/cheaptrain/timing.py`); [lo, hi] is the 95% interval; within noise: the "
+    "interval contains 0, or the method lost time while doing less work. "
 )
 
 
@@ -141,6 +179,8 @@ def accuracy_columns(measure: str) -> list[Column]:
 def time_columns(with_pruning: bool) -> list[Column]:
     columns: list[Column] = [
         ("train time s", lambda r: stat(r, "train_time_s", 1)),
+        ("1st epoch s", lambda r: stat(r, "first_epoch_s", 2)),
+        ("full epoch s", lambda r: stat(r, "full_epoch_s", 2)),
         ("paper s", lambda r: paper(r, "paper_train_time_s", 0)),
     ]
     if with_pruning:
@@ -152,10 +192,20 @@ def time_columns(with_pruning: bool) -> list[Column]:
         ]
     return [
         *columns,
-        ("time saved %", lambda r: stat(r, "time_saving_pct", 1)),
+        ("compute saved %", lambda r: stat(r, "compute_saving_pct", 1)),
+        ("time saved %", lambda r: saving_cell(r, "time_saving_pct")),
+        ("own time saved %", lambda r: saving_cell(r, "own_time_saving_pct")),
         ("paper %", lambda r: paper(r, "paper_time_saving_pct")),
-        ("diff", lambda r: _fmt(r.get("time_saving_vs_paper"), 1, sign=True)),
+        ("diff", paper_time_diff),
     ]
+
+
+def paper_time_diff(row: dict[str, Any]) -> str:
+    """Our time saved minus the paper's, marked when the paper's figure is within our noise."""
+    text = _fmt(row.get("time_saving_vs_paper"), 1, sign=True)
+    published = row.get("paper_time_saving_pct")
+    noisy = published is not None and within_noise(row, "time_saving_pct", published)
+    return f"{text} within noise" if noisy else text
 
 
 ACC_NOTE = (
@@ -255,38 +305,93 @@ def findings(summary: list[dict[str, Any]], agree: dict[str, float]) -> list[str
             else:
                 lines.append(f"{where}: {stat(row, 'acc')}%; this configuration is {NOT_IN_PAPER}.")
             continue
-        parts = []
-        for ours, theirs, what, tol, unit in (
-            ("acc_delta", "paper_acc_delta", "accuracy Δ", agree["acc_points"], " points"),
-            ("time_saving_pct", "paper_time_saving_pct", "time saved", agree["saving_points"], "%"),
-            (
+        parts = [compare(row, "acc_delta", "paper_acc_delta", "accuracy Δ", agree["acc_points"], " points")]
+        parts += time_findings(row, agree["saving_points"])
+        parts.append(
+            compare(
+                row,
                 "updated_params_reduction_pct",
                 "paper_updated_params_reduction_pct",
                 "updated-parameter reduction",
                 agree["saving_points"],
                 "%",
-            ),
-        ):
-            value, published = row.get(f"{ours}_mean"), row.get(theirs)
-            if value is None:
-                continue
-            if published is None:
-                parts.append(f"{what} {value:+.2f}{unit} ({NOT_IN_PAPER})")
-                continue
-            margin = max(tol, row.get(f"{ours}_ci95") or 0)
-            gap = value - published
-            verdict = "matches" if abs(gap) <= margin else f"does NOT match ({gap:+.2f}, beyond ±{margin:.2f})"
-            parts.append(f"{what} {value:+.2f}{unit} vs the paper's {published:+.2f}{unit}: {verdict}")
+            )
+        )
+        parts = [p for p in parts if p]
         dfp = rows.get((row["study"], row["dataset"], row["model"], "dfp"), {})
         if row["method"] == "random_prune" and None not in (dfp.get("acc_delta_mean"), row.get("acc_delta_mean")):
             gain = dfp["acc_delta_mean"] - row["acc_delta_mean"]
+            both = "compute_saving_pct_mean" in dfp and "compute_saving_pct_mean" in row  # else runs without FLOPs
+            name, what = ("compute_saving_pct", "compute") if both else ("sample_saving_pct", "samples")
             parts.append(
                 f"DFP's selection against this random control: {gain:+.2f} points of accuracy at "
-                f"{_fmt(dfp.get('time_saving_pct_mean'), 1)}% vs {_fmt(row.get('time_saving_pct_mean'), 1)}% "
-                "time saved"
+                f"{_fmt(dfp.get(f'{name}_mean'), 1)}% vs {_fmt(row.get(f'{name}_mean'), 1)}% {what} saved"
             )
         lines.append(f"{where}: " + ("; ".join(parts) if parts else "no baseline to compare with") + ".")
     return lines
+
+
+def compare(row: dict[str, Any], ours: str, theirs: str, what: str, tol: float, unit: str) -> str | None:
+    """Our figure against the paper's: a match within `tol` points or within our 95% t-interval when that is wider."""
+    value, published = row.get(f"{ours}_mean"), row.get(theirs)
+    if value is None:
+        return None
+    if published is None:
+        return f"{what} {value:+.2f}{unit} ({NOT_IN_PAPER})"
+    margin = max(tol, row.get(f"{ours}_ci95") or 0)
+    gap = value - published
+    verdict = "matches" if abs(gap) <= margin else f"does NOT match ({gap:+.2f}, beyond ±{margin:.2f})"
+    return f"{what} {value:+.2f}{unit} vs the paper's {published:+.2f}{unit}: {verdict}"
+
+
+def time_findings(row: dict[str, Any], tol: float) -> list[str]:
+    """Compute saved, time saved against the baseline (beside the paper's figure) and against the run's own full
+    epochs, each time with its 95% interval and marked within noise where it is (module docstring)."""
+    parts = []
+    compute = row.get("compute_saving_pct_mean")
+    if compute is not None:
+        parts.append(f"compute saved {compute:+.2f}% (the bound for the time saved)")
+    elif row.get("work_measure") == "samples":
+        parts.append("compute saved unknown (runs without train_flops: epochs weighed by trained samples)")
+    if row.get("time_saving_pct_mean") is not None:
+        shown = f"time saved {signed_interval(row, 'time_saving_pct')}"
+        published = row.get("paper_time_saving_pct")
+        if published is not None:
+            parts.append(f"{shown} vs the paper's {published:+.2f}%: {time_verdict(row, published, tol)}")
+        elif within_noise(row, "time_saving_pct", 0.0):
+            parts.append(f"{shown}: within noise ({NOT_IN_PAPER})")
+        else:
+            parts.append(f"{shown} ({NOT_IN_PAPER})")
+    if row.get("own_time_saving_pct_mean") is not None:
+        shown = f"time saved vs its own full epochs {signed_interval(row, 'own_time_saving_pct')}"
+        parts.append(f"{shown}: within noise" if within_noise(row, "own_time_saving_pct", 0.0) else shown)
+    return parts
+
+
+def signed_interval(row: dict[str, Any], name: str) -> str:
+    """'+m% [+lo, +hi]', or '+m%' without an interval."""
+    text = f"{row[f'{name}_mean']:+.2f}%"
+    if row.get(f"{name}_lo") is not None:
+        text += f" [{row[f'{name}_lo']:+.2f}, {row[f'{name}_hi']:+.2f}]"
+    return text
+
+
+def time_verdict(row: dict[str, Any], published: float, tol: float) -> str:
+    """Our time saved against the paper's: within noise, above its bound (the compute saved), a match within `tol`
+    points, or a mismatch."""
+    value, lo = row["time_saving_pct_mean"], row.get("time_saving_pct_lo", row["time_saving_pct_mean"])
+    compute = row.get("compute_saving_pct_mean")
+    if within_noise(row, "time_saving_pct", published):
+        return "within noise (neither a match nor a mismatch)"
+    if compute is not None and lo > compute + tol:
+        return f"above the compute saved ({compute:.2f}%), its bound: noise, not a finding"
+    gap = value - published
+    if abs(gap) <= tol:
+        return "matches"
+    verdict = f"does NOT match ({gap:+.2f}, beyond ±{tol:.2f} and outside our interval)"
+    if compute is not None and published > compute + tol:
+        verdict += f"; the paper's figure is above this setting's compute saved ({compute:.2f}%), the bound"
+    return verdict
 
 
 # ---------------------------------------------------------------------------------------------------- markdown
@@ -343,7 +448,10 @@ def report_markdown(
         "",
         f"A figure matches when it lies within ±{agree['acc_points']:g} points (accuracy Δ) or "
         f"±{agree['saving_points']:g} points (savings) of the paper's, or within our 95% interval when that is "
-        "wider (params `aggregate.agree_within`).",
+        "wider (params `aggregate.agree_within`). A time saving is within noise, neither a finding nor a mismatch, "
+        "when its 95% interval contains the figure it is compared with (0, or the paper's), or when it is negative "
+        "for a method that did less work. The compute saved is what an ideal implementation saves on any hardware: "
+        "the bound for the time saved; a time saving well above it is noise, not a finding.",
         "",
     ]
     lines += [f"- {line}" for line in findings(summary, agree)]
@@ -355,7 +463,7 @@ def report_markdown(
         "acc_vs_time.png": "Test accuracy against cumulative training time",
         "pruned_samples.png": "Samples pruned per epoch (DFP and its random control)",
         "wus_phases.png": "WUS phases over epochs",
-        "time_saving.png": "Time saved per method, beside the paper's",
+        "time_saving.png": "Compute and time saved per method (95% intervals), beside the paper's",
     }
     lines += [f"![{titles[f]}](figures/{f})\n" for f in FIGURES]
     lines += [
@@ -528,53 +636,58 @@ def phases_figure(runs: list[Run]) -> Figure:
 
 
 def saving_figure(summary: list[dict[str, Any]]) -> Figure:
-    """Time saved per method and configuration (ours: mean with 95% interval or sd; the paper's: hatched)."""
-    title = "Training time saved against the baseline (same recipe, paired by seed)"
+    """Per method and configuration: compute saved, time saved against the baseline and against the run's own full
+    epochs (95% intervals; 'noise' where within noise of 0), and the paper's time saved (hatched)."""
+    title = "Saved against the baseline (same recipe, paired by seed)"
     rows = [r for r in summary if r["method"] != BASELINE and r.get("time_saving_pct_mean") is not None]
     if not rows:
         return _empty(title, "Only baselines in this grid: no method has a saving to show yet.")
     studies = list(dict.fromkeys(r["study"] for r in rows))
     most = max(sum(r["study"] == s for r in rows) for s in studies)
-    fig, axes = _panels(len(studies), title, width=max(6.5, 1.4 * most), height=4.2, cols=1)
+    fig, axes = _panels(len(studies), title, width=max(6.5, 1.8 * most), height=4.4, cols=1)
+    bars = (  # (column, offset, label, style)
+        ("compute_saving_pct", -0.3, "compute saved (exact: the bound)", {"alpha": 0.45}),
+        ("time_saving_pct", -0.1, "time saved (95% interval)", {}),
+        ("own_time_saving_pct", 0.1, "time saved vs own full epochs (95% interval)", {"hatch": "..", "alpha": 0.7}),
+    )
     for ax, study in zip(axes, studies, strict=False):
         shown = [r for r in rows if r["study"] == study]
-        labels = [f"{r['dataset']}\n{r['model']}\n{r['method']}" for r in shown]
         xs = range(len(shown))
-        ours = [r["time_saving_pct_mean"] for r in shown]
-        err = [r.get("time_saving_pct_ci95") or r.get("time_saving_pct_std") or 0 for r in shown]
-        ax.bar(
-            [x - 0.2 for x in xs],
-            ours,
-            0.4,
-            yerr=err,
-            capsize=3,
-            color=[_color(r["method"]) for r in shown],
-            label="ours (error bar: 95% interval, or sd)",
-        )
+        for name, offset, label, style in bars:
+            drawn = [(x, r) for x, r in zip(xs, shown, strict=True) if r.get(f"{name}_mean") is not None]
+            if not drawn:
+                continue
+            means = [r[f"{name}_mean"] for _, r in drawn]
+            err = None
+            if all(f"{name}_lo" in r for _, r in drawn):  # the compute saved is exact: no bar
+                err = [[m - r[f"{name}_lo"] for m, (_, r) in zip(means, drawn, strict=True)],
+                       [r[f"{name}_hi"] - m for m, (_, r) in zip(means, drawn, strict=True)]]  # fmt: skip
+            colors = [_color(r["method"]) for _, r in drawn]
+            ax.bar([x + offset for x, _ in drawn], means, 0.2, yerr=err, capsize=3, color=colors, label=label, **style)
+            for x, r in drawn:
+                if within_noise(r, name, 0.0):
+                    top = max(r.get(f"{name}_hi", 0.0), r[f"{name}_mean"], 0.0)
+                    ax.text(x + offset, top, "noise", rotation=90, ha="center", va="bottom", fontsize=8)
         theirs = [r.get("paper_time_saving_pct") for r in shown]
-        ax.bar(
-            [x + 0.2 for x, t in zip(xs, theirs, strict=True) if t is not None],
-            [t for t in theirs if t is not None],
-            0.4,
-            color="white",
-            edgecolor="0.3",
-            hatch="//",
-            label="paper",
-        )
+        if any(t is not None for t in theirs):
+            ax.bar(
+                [x + 0.3 for x, t in zip(xs, theirs, strict=True) if t is not None],
+                [t for t in theirs if t is not None],
+                0.2,
+                color="white",
+                edgecolor="0.3",
+                hatch="//",
+                label="paper's time saved",
+            )
         for x, t in zip(xs, theirs, strict=True):
             if t is None:
-                ax.text(x + 0.2, 0, NOT_IN_PAPER, rotation=90, ha="center", va="bottom", fontsize=8, color="0.4")
-        planned = [
-            (x, r["planned_saving_pct_mean"]) for x, r in zip(xs, shown, strict=True) if "planned_saving_pct_mean" in r
-        ]
-        if planned:
-            ax.plot([x - 0.2 for x, _ in planned], [p for _, p in planned], "kD", ms=6, label="planned (ours)")
+                ax.text(x + 0.3, 0, NOT_IN_PAPER, rotation=90, ha="center", va="bottom", fontsize=8, color="0.4")
         ax.axhline(0, color="0.2", lw=0.8)
-        ax.set_xticks(list(xs), labels, fontsize=9)
+        ax.set_xticks(list(xs), [f"{r['dataset']}\n{r['model']}\n{r['method']}" for r in shown], fontsize=9)
         ax.set_xlim(-0.7, len(shown) - 0.3)
-        ax.set(title=f"{study} study", ylabel="time saved (%)")
+        ax.set(title=f"{study} study", ylabel="saved (%)")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=9)
+        ax.legend(fontsize=8)
     return fig
 
 

@@ -1,0 +1,131 @@
+"""A run's training time, estimated so that a few slow epochs cannot swing it, and its spread.
+
+On a shared machine an epoch's seconds say as much about the neighbours as about the method: a slow first epoch, or a
+few epochs slowed while another job ran, can move a run's summed time by more than a method saves. So a run's
+training time is estimated, not summed:
+
+1. Epoch 1 is reported apart (`first_epoch_s`): it pays one-off costs (allocation, caches, compilation) and does not
+   enter the rates below.
+2. Each epoch has an amount of work: its `train_flops` (forward + backward FLOPs of its training steps, the same on
+   any machine) or, for runs logged before FLOPs were counted, its `trained_samples` (`work_measure`).
+3. Epochs fall in kinds. The full epochs do the run's largest work; the cheaper ones are grouped by their work per
+   sample (FLOPs per sample; without FLOPs, the parameters they update), so DFP's pruned epochs form one kind and
+   WUS's skip epochs another. An epoch of a kind costs about the same per unit of work, so each kind's rate is the
+   MEDIAN seconds per unit of work (a full epoch's work) over its epochs after the first: while fewer than half of
+   them are slow, it stays within the range of the others. A kind with no epoch after the first uses epoch 1.
+4. The run's robust training time (`robust_train_time_s`) = Σ over kinds of the kind's rate × its total work, epoch 1
+   included, priced like its kind.
+
+From it: the time saved against the paired baseline (`time_saving_pct`), 100·(1 − robust time / the baseline's),
+and the time saved against the run's own full epochs (`own_time_saving_pct`), 100·(1 − robust time / (epochs × the
+full kind's median epoch time)): both sides come from one run, so the drift of a machine between two runs does not
+enter it, and a run of full epochs only saves exactly 0. `full_epoch_s` is the full kind's median epoch time.
+
+Spread: each figure is recomputed from epochs resampled with replacement within each kind (all but epoch 1),
+`REPLICATES` times, seeded by the run's name (the same output on every call); the 2.5th and 97.5th percentiles are
+its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 3+ seeds the
+interval is widened to the t-interval over seeds where that is wider. The interval sees how epochs scatter within
+a run; it cannot see a machine that was slower during the whole of one run than of the other (the saving against
+the baseline, not the own saving, is exposed to that), nor the scatter of a kind that has a single epoch.
+
+Compute saved is exact: 100·(1 − total_train_flops / the paired baseline's). It is what an ideal implementation
+saves on any hardware, so it bounds the time saved: a measured time saving far above it is noise, not a finding.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+REPLICATES = 1000
+FULL = "full"
+
+
+@dataclass(frozen=True)
+class RunTime:
+    """A run's wall-clock figures (module docstring); the `*_replicates`: the same from resampled epochs."""
+
+    work_measure: str  # flops | samples
+    first_epoch_s: float
+    full_epoch_s: float
+    robust_time_s: float
+    own_saving_pct: float
+    robust_time_replicates: list[float]
+    own_saving_replicates: list[float]
+
+
+def epoch_work(history: list[dict[str, float]]) -> tuple[list[float], str]:
+    """Each epoch's work and what measures it: train_flops where every epoch has it, else trained_samples."""
+    if all("train_flops" in row for row in history):
+        return [row["train_flops"] for row in history], "flops"
+    return [row["trained_samples"] for row in history], "samples"
+
+
+def epoch_kinds(history: list[dict[str, float]], work: list[float], measure: str) -> list[str]:
+    """Each epoch's kind: FULL for the run's largest work at the largest work per sample, else its work per sample
+    (FLOPs per sample; without FLOPs, the parameters it updates)."""
+    if measure == "flops":
+        per_sample = [w / max(row["trained_samples"], 1) for w, row in zip(work, history, strict=True)]
+    else:
+        per_sample = [row.get("updated_params", 0.0) for row in history]
+    most, costliest = max(work), max(per_sample)
+    return [
+        FULL if w == most and c == costliest else f"{c:.3g} per sample" for w, c in zip(work, per_sample, strict=True)
+    ]
+
+
+def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
+    """The robust figures of one run (module docstring); `seed` seeds its resampling. None without per-epoch times
+    or work, or when no epoch does both the largest work and the largest work per sample."""
+    if not history or any("epoch_train_s" not in row or "trained_samples" not in row for row in history):
+        return None
+    work, measure = epoch_work(history)
+    kinds = epoch_kinds(history, work, measure)
+    most = max(work)
+    if FULL not in kinds or most <= 0:
+        return None
+    share = [w / most for w in work]  # of a full epoch's work: full epochs are exactly 1
+    totals: dict[str, float] = {}
+    rates: dict[str, list[float]] = {}  # seconds per full epoch's work, epochs after the first
+    for i, (kind, part, row) in enumerate(zip(kinds, share, history, strict=True)):
+        totals[kind] = totals.get(kind, 0.0) + part
+        if i > 0 and part > 0:
+            rates.setdefault(kind, []).append(row["epoch_train_s"] / part)
+    first_rate = history[0]["epoch_train_s"] / share[0] if share[0] > 0 else 0.0
+    for kind in totals:
+        rates.setdefault(kind, [first_rate])  # only epoch 1 is of this kind
+
+    def figures(rate: dict[str, float]) -> tuple[float, float]:
+        robust = sum(rate[k] * totals[k] for k in totals)
+        return robust, 100 * (1 - robust / (len(history) * rate[FULL]))
+
+    robust, own = figures({k: statistics.median(v) for k, v in rates.items()})
+    rng = random.Random(seed)
+    replicates = [
+        figures({k: statistics.median(rng.choices(v, k=len(v))) for k, v in rates.items()}) for _ in range(REPLICATES)
+    ]
+    return RunTime(
+        work_measure=measure,
+        first_epoch_s=history[0]["epoch_train_s"],
+        full_epoch_s=statistics.median(rates[FULL]),
+        robust_time_s=robust,
+        own_saving_pct=own,
+        robust_time_replicates=[r for r, _ in replicates],
+        own_saving_replicates=[o for _, o in replicates],
+    )
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles."""
+    cuts = statistics.quantiles(values, n=40, method="inclusive")
+    return cuts[0], cuts[-1]
+
+
+def seed_interval(replicates: list[list[float]], mean: float, ci95: float | None) -> tuple[float, float]:
+    """The 95% interval of a mean over seeds: `replicates` holds each seed's bootstrap replicates of the figure; with
+    3+ seeds the t-interval `mean ± ci95` where it is wider. It always contains the mean."""
+    lo, hi = interval([statistics.fmean(r) for r in zip(*replicates, strict=True)])
+    if ci95 is not None:
+        lo, hi = min(lo, mean - ci95), max(hi, mean + ci95)
+    return min(lo, mean), max(hi, mean)
