@@ -4,9 +4,14 @@ Reads the thresholds of params `check` (per method: largest accuracy drop agains
 ...) and, when `check.reference` names one, the reference summary (the last accepted results). Exits 1 with a table of
 every violation, 0 with a table of what passed; 2 for bad input. `--accept` copies the summary to the reference path
 instead: the current results become the accepted ones (commit the file).
+
+Each evaluation is one MLflow run in the experiment `check`: every check's value, limit and verdict, and the outcome.
+A run of its own, not a part of the aggregate run: the gate is re-run alone (other thresholds, another reference)
+on the same results, and each verdict then stays beside the thresholds it was reached with.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,8 +34,11 @@ def main() -> None:
     from cheaptrain.aggregate import read_summary
     from cheaptrain.check import evaluate, load_gate, load_reference, render
     from cheaptrain.config import load_params
+    from cheaptrain.tracking import ensure_experiment, log_check
 
     gate = load_gate(load_params(args.params))
+    if not args.accept:
+        ensure_experiment("check")  # an unusable store fails here, before the gate
     summary = read_summary(Path(args.summary))  # validates it before anything is accepted or checked
     if args.accept:
         target = args.reference or gate.reference
@@ -52,6 +60,8 @@ def main() -> None:
         "not_checked": sum(c.status == "skip" for c in checks),
     }
     atomic_write(Path(args.out), (json.dumps(outcome, indent=2) + "\n").encode())
+    inputs = {"params": args.params, "summary": args.summary, "reference": reference}
+    print(f"MLflow: experiment 'check', run {log_check([dataclasses.asdict(c) for c in checks], outcome, inputs)}")
     if failed:
         sys.exit(1)
 

@@ -4,11 +4,13 @@ Reads params section `download.<dataset>` (source, sha256). The environment vari
 (e.g. CIFAR10_SOURCE=../shared/datasets/cifar10-jpg.tar.gz) overrides the source, for offline machines.
 Runs first: it also checks the params of every run of the grid and the MLflow store (before downloading), and
 creates the MLflow experiments, in the workspace, so that their artifact stores never point into a temporary copy
-of the repository.
+of the repository. Logs one MLflow run (experiment `download`, named after the dataset): the source, the archive's
+checksum, the images per split and class, and the seconds that fetching and preparing took.
 """
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
@@ -26,20 +28,22 @@ def main() -> None:
 
     from cheaptrain.config import load_params, validate_grid
     from cheaptrain.prepare import prepare_dataset, resolve_source
-    from cheaptrain.tracking import ensure_experiment
+    from cheaptrain.tracking import ensure_experiment, log_download
 
     params = load_params(args.params)
     validate_grid(params)
     settings = (params.get("download") or {}).get(args.dataset) or {}
-    for study in params.get("grid") or {}:
-        ensure_experiment(study)
+    for experiment in ("download", *(params.get("grid") or {})):
+        ensure_experiment(experiment)
     param = settings.get("source", "torchvision")
-    manifest = prepare_dataset(
-        args.dataset, param, Path(args.out) / args.dataset, Path(args.cache), sha256=settings.get("sha256")
-    )
+    started = time.perf_counter()
+    out = Path(args.out) / args.dataset
+    manifest = prepare_dataset(args.dataset, param, out, Path(args.cache), sha256=settings.get("sha256"))
+    seconds = time.perf_counter() - started
     source = resolve_source(args.dataset, param)
     counts = ", ".join(f"{split} {info['count']}" for split, info in manifest["splits"].items())
-    print(f"{args.dataset}: {counts} images from {source}")
+    print(f"{args.dataset}: {counts} images from {source} in {seconds:.1f} s")
+    print(f"MLflow: experiment 'download', run {log_download(out, source, seconds)}")
 
 
 if __name__ == "__main__":

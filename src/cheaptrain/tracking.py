@@ -2,26 +2,46 @@
 
 Default store: an SQLite database `mlflow.db` at the repository root, artifacts in `mlartifacts/` beside it.
 Under `dvc exp run --temp/--queue` stages run in a temporary copy of the repo; DVC then sets DVC_ROOT to the real
-root, so runs still land in the workspace store. MLFLOW_TRACKING_URI overrides the store.
+root, so runs still land in the workspace store. MLFLOW_TRACKING_URI overrides the store (another SQLite file, or
+a tracking server: `python -m cheaptrain.server`).
 
 The store is checked when a stage starts, before any work: a misconfigured or unreachable store fails within
 seconds with one clear error (MLflow alone retries an HTTP server for minutes, an unopenable SQLite file for ~100 s).
-Concurrent runs share the SQLite store safely: MLflow sets a 20 s SQLite busy timeout on every session.
+Concurrent runs share an SQLite store safely: MLflow sets a 20 s SQLite busy timeout on every session, and
+creating or migrating the tables of any SQLite store (MLflow does it when a process first opens the file) is
+serialised across processes by a lock file beside it, `.<file name>.lock`. Without it, processes that open a new
+store at once migrate it together and leave it half-migrated for good. A store left so by an earlier crash is named
+in one error at start, with how to recover.
+
+Every experiment is marked a model-training one (tag `mlflow.experimentKind`), so that the MLflow UI opens on its
+runs, not on the empty GenAI traces view; a run's prepared dataset is logged as its dataset input.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import platform
+import re
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cheaptrain import UserError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import DatasetInput
+
+# The MLflow UI opens an experiment on the view of its kind; without the tag MLflow 3 shows GenAI traces.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def project_root() -> Path:
@@ -37,14 +57,23 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or default_uri()
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an SQLite store URI; None for other stores and in-memory databases."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
 @contextlib.contextmanager
-def _store_lock() -> Iterator[None]:
-    """Serialise creating the SQLite schema and experiments across processes started together."""
-    if tracking_uri() != default_uri():
+def _store_lock(uri: str) -> Iterator[None]:
+    """Serialise, across processes, whatever may create or migrate the tables of an SQLite store."""
+    path = sqlite_file(uri)
+    if path is None:
         yield
         return
-    with open(project_root() / ".mlflow.db.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if the process dies
         yield
 
 
@@ -57,33 +86,81 @@ PROBE_HTTP_ENV = {
 }
 
 
-def store_error(problem: str) -> UserError:
-    """One paragraph naming the store, what is wrong with it and how to choose another."""
+def store_error(problem: str, fix: str | None = None, uri: str | None = None) -> UserError:
+    """One paragraph naming the store (default: the tracking URI), what is wrong with it and how to fix it (by
+    default: choose another)."""
+    uri = uri or tracking_uri()
     problem = " ".join(problem.split()).rstrip(".")
     if len(problem) > 600:  # a web server's HTML error page, say
         problem = problem[:600] + " ..."
-    if os.environ.get("MLFLOW_TRACKING_URI"):
+    if fix is None and uri != tracking_uri():  # a store named otherwise (the server's --store)
+        fix = "Fix its URI, or choose another store"
+    elif fix is None and os.environ.get("MLFLOW_TRACKING_URI"):
         fix = f"Fix MLFLOW_TRACKING_URI, or unset it to use the default store {default_uri()!r}"
-    else:
+    elif fix is None:
         fix = "That is the default store (mlflow.db at the repository root); MLFLOW_TRACKING_URI chooses another"
-    return UserError(
-        f"cannot use the MLflow tracking store {tracking_uri()!r}: {problem}. {fix}. Stopped before any work."
-    )
+    return UserError(f"cannot use the MLflow tracking store {uri!r}: {problem}. {fix}. Stopped before any work.")
 
 
 def check_sqlite_path(uri: str) -> None:
     """Fail fast where MLflow would create a mistyped folder, or retry ~100 s before failing."""
-    if not uri.startswith("sqlite:///"):
-        return
-    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-    if str(path) in ("", ":memory:"):
+    path = sqlite_file(uri)
+    if path is None:
         return
     if not path.parent.is_dir():
-        raise store_error(f"{path.parent} is not an existing folder (create it if the path is right)")
+        raise store_error(f"{path.parent} is not an existing folder (create it if the path is right)", uri=uri)
     if path.exists() and not path.is_file():
-        raise store_error(f"{path} exists but is not a file")
+        raise store_error(f"{path} exists but is not a file", uri=uri)
     if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
-        raise store_error(f"{path} or its folder is not writable by this user (SQLite writes beside the file)")
+        problem = f"{path} or its folder is not writable by this user (SQLite writes beside the file)"
+        raise store_error(problem, uri=uri)
+
+
+def check_sqlite_schema(uri: str) -> None:
+    """Refuse an SQLite store whose schema migration was interrupted: MLflow would fail on it, or run the half-done
+    steps again ("duplicate column name", "table _alembic_tmp_... already exists"). Called under the store's lock,
+    so no other process of this project is migrating it."""
+    path = sqlite_file(uri)
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return  # a new store: MLflow creates its tables
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=20)) as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            versioned = "alembic_version" in tables
+            versions = [v for (v,) in db.execute("SELECT version_num FROM alembic_version")] if versioned else []
+    except sqlite3.DatabaseError as e:
+        raise store_error(f"{path} cannot be read as an SQLite database ({e})", uri=uri) from e
+    recover = f"Restore a backup of {path}, or move the file away to start a new, empty store there"
+    leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    unstamped = versioned and not versions and tables != {"alembic_version"}  # died in its first migration
+    if leftovers or unstamped:
+        found = f"leftover tables {', '.join(leftovers)}" if leftovers else "tables, but no schema revision"
+        problem = f"{path} is half-migrated: a migration of its MLflow schema was interrupted ({found})"
+        raise store_error(problem, recover, uri)
+    if not versioned:
+        return  # no migration has started: MLflow creates what is missing and migrates it
+    import mlflow
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config  # MLflow's own migration scripts
+
+    scripts = ScriptDirectory.from_config(_get_alembic_config(""))
+    head = scripts.get_current_head()
+    if versions == [head]:
+        return
+    known = {script.revision for script in scripts.walk_revisions()}
+    if not set(versions) <= known:
+        raise store_error(
+            f"{path} has the MLflow schema revision {', '.join(versions)}, which MLflow {mlflow.__version__} does "
+            "not know: a newer MLflow wrote it",
+            f"Use that MLflow version, or move {path} away to start a new, empty store there",
+            uri,
+        )
+    raise store_error(
+        f"{path} has the MLflow schema revision {', '.join(versions)}, not {head}, the one MLflow "
+        f"{mlflow.__version__} uses: a migration of it was interrupted, or an older MLflow wrote it",
+        f"{recover}; if an older MLflow wrote it and it is intact, back it up and run `mlflow db upgrade {uri}`",
+        uri,
+    )
 
 
 @contextlib.contextmanager
@@ -98,30 +175,118 @@ def _bounded_http() -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def ensure_experiment(name: str) -> str:
-    """Id of the MLflow experiment `name`, created (with its artifacts beside the store) if missing.
-
-    This is the start-up check of the store: any problem raises a UserError within seconds."""
-    check_sqlite_path(tracking_uri())
-    from mlflow import MlflowClient
+@contextlib.contextmanager
+def _as_store_error(uri: str) -> Iterator[None]:
+    """Any failure to open the store as one store_error (our own UserErrors pass through)."""
     from mlflow.exceptions import MlflowException
 
-    with _store_lock(), _bounded_http():
-        try:
-            client = MlflowClient(tracking_uri())
-            experiment = client.get_experiment_by_name(name)
-            if experiment is None:
-                location = None  # a tracking server chooses its own artifact store
-                if tracking_uri() == default_uri():
-                    location = (project_root() / "mlartifacts" / name).as_uri()
-                return client.create_experiment(name, artifact_location=location)
-            if experiment.lifecycle_stage == "deleted":
-                client.restore_experiment(experiment.experiment_id)
-            return experiment.experiment_id
-        except MlflowException as e:
-            raise store_error(e.message) from e
-        except Exception as e:  # OSError, SQLAlchemy or requests errors that MLflow passes through
-            raise store_error(f"{type(e).__name__}: {e}") from e
+    try:
+        yield
+    except UserError:
+        raise
+    except MlflowException as e:
+        raise store_error(e.message, uri=uri) from e
+    except Exception as e:  # OSError, SQLAlchemy or requests errors that MLflow passes through
+        raise store_error(f"{type(e).__name__}: {e}", uri=uri) from e
+
+
+def _open(uri: str) -> MlflowClient:
+    """A client of the store; call under _store_lock(uri): constructing it creates or migrates SQLite tables."""
+    from mlflow import MlflowClient
+
+    check_sqlite_schema(uri)
+    return MlflowClient(uri)
+
+
+def store_client(uri: str | None = None) -> MlflowClient:
+    """A client of the store (default: the tracking URI), opened safely: for code that reads the store before
+    ensure_experiment has opened it in this process."""
+    uri = uri or tracking_uri()
+    check_sqlite_path(uri)
+    with _store_lock(uri), _as_store_error(uri):
+        return _open(uri)
+
+
+def ensure_experiment(name: str) -> str:
+    """Id of the MLflow experiment `name`, created (with its artifacts beside the store) if missing, and marked a
+    model-training experiment.
+
+    This is the start-up check of the store: any problem raises a UserError within seconds."""
+    from mlflow.exceptions import MlflowException
+
+    uri = tracking_uri()
+    check_sqlite_path(uri)
+    with _store_lock(uri), _bounded_http(), _as_store_error(uri):
+        client = _open(uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            location = None  # a tracking server chooses its own artifact store
+            if uri == default_uri():
+                location = (project_root() / "mlartifacts" / name).as_uri()
+            try:
+                return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+            except MlflowException as e:  # a tracking server: another process created it just now
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                experiment = client.get_experiment_by_name(name)
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        for key, value in EXPERIMENT_KIND.items():
+            if experiment.tags.get(key) != value:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
+        return experiment.experiment_id
+
+
+# --- datasets ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """The prepared data a run read, as MLflow shows it in the Dataset column: name, digest, where it came from."""
+
+    name: str
+    digest: str
+    source: str
+    context: str = "training"
+
+
+def dataset_ref(prepared_dir: Path, context: str = "training") -> DatasetRef:
+    """The DatasetRef of a prepared folder (data/prepared/<dataset>): the digest of its arrays (data.prepared_digest,
+    the one a checkpoint records) and the source its manifest names (the archive, or the official URL)."""
+    from cheaptrain.data import prepared_digest
+
+    manifest = json.loads((prepared_dir / "manifest.json").read_text())
+    origin = manifest.get("source")
+    if isinstance(origin, dict):  # as prepare.py writes it: the params' source, and the environment's override
+        origin = origin.get("env") or origin.get("param")
+    if origin == "torchvision":
+        origin = (manifest.get("archive") or {}).get("url") or origin
+    name = manifest.get("dataset") or prepared_dir.name
+    return DatasetRef(name, prepared_digest(prepared_dir), str(origin or prepared_dir), context)
+
+
+def dataset_input(ref: DatasetRef) -> DatasetInput:
+    """The MLflow dataset input of `ref`, for MlflowClient.log_inputs (a live run, or one imported from files)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    if ref.source.lower().startswith(("http://", "https://")):
+        source_type, source = "http", {"url": ref.source}
+    else:
+        source_type, source = "local", {"uri": ref.source}
+    dataset = Dataset(name=ref.name, digest=ref.digest, source_type=source_type, source=json.dumps(source))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", ref.context)])
+
+
+def log_dataset(client: MlflowClient, run_id: str, ref: DatasetRef) -> None:
+    """Log `ref` as the dataset input of the run. MLflow adds a dataset new to an experiment without a guard, so runs
+    that start together race to add the same one ("UNIQUE constraint failed: datasets..."); the loser of the race
+    finds it on its second try."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.log_inputs(run_id, datasets=[dataset_input(ref)])
+    except MlflowException:
+        client.log_inputs(run_id, datasets=[dataset_input(ref)])
 
 
 def git_commit() -> str:
@@ -168,10 +333,18 @@ class RunTracker:
         self.experiment_id = ensure_experiment(experiment)
         self.run_id: str | None = None
 
-    def start(self, name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None) -> int:
+    def start(
+        self,
+        name: str,
+        params: dict[str, Any],
+        tags: dict[str, str],
+        run_id: str | None = None,
+        dataset: DatasetRef | None = None,
+    ) -> int:
         """Start a run, or continue `run_id`; returns the last epoch the store holds of it (0 for a new run).
 
-        A run that the store no longer has (deleted, or the store was replaced) is started afresh under a new id."""
+        A new run gets the params, tags and dataset input. A run that the store no longer has (deleted, or the store
+        was replaced) is started afresh under a new id."""
         from mlflow.exceptions import MlflowException
 
         client = self.mlflow.MlflowClient()
@@ -201,6 +374,8 @@ class RunTracker:
             return max((m.step for m in logged), default=0)
         self.mlflow.log_params({k: str(v) for k, v in flatten(params).items()})
         self.mlflow.set_tags(tags)
+        if dataset is not None:
+            log_dataset(client, self.run_id, dataset)
         return 0
 
     def note_resume(self, epoch: int) -> None:
@@ -260,15 +435,109 @@ class RunTracker:
                 client.set_terminated(run_id, "KILLED")
 
 
-def run_tags(study: str, device: str) -> dict[str, str]:
-    import torch
-
+def stage_tags() -> dict[str, str]:
+    """Where a run comes from: the git commit, the DVC stage and the DVC experiment."""
     return {
-        "study": study,
         "git_commit": git_commit(),
         "mlflow.source.git.commit": git_commit(),
         "dvc_stage": os.environ.get("DVC_STAGE", ""),
         "dvc_exp": os.environ.get("DVC_EXP_NAME", ""),
-        "device": device_name(device),
-        "torch_version": torch.__version__,
     }
+
+
+def run_tags(study: str, device: str) -> dict[str, str]:
+    import torch
+
+    return {"study": study, **stage_tags(), "device": device_name(device), "torch_version": torch.__version__}
+
+
+# --- the runs of the other stages --------------------------------------------------------------------------
+
+
+def metric_key(text: str) -> str:
+    """`text` as an MLflow metric name: characters MLflow refuses become '_', empty path segments go."""
+    key = re.sub(r"[^/\w.\- :]", "_", text)
+    return "/".join(part.strip() for part in key.split("/") if part.strip() not in ("", ".", ".."))[:250]
+
+
+def log_stage_run(
+    experiment: str,
+    name: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    dataset: DatasetRef | None = None,
+    table: tuple[str, dict[str, list[Any]]] | None = None,
+) -> str:
+    """One finished MLflow run of a stage, tagged with stage_tags(); returns its id. `table`: (artifact file,
+    columns) for MLflow's table view. A store that fails here (it worked when the stage started) is a UserError."""
+    from mlflow.entities import Metric, Param
+    from mlflow.exceptions import MlflowException
+
+    experiment_id = ensure_experiment(experiment)
+    client = store_client()
+    try:
+        run_id = client.create_run(experiment_id, run_name=name, tags=stage_tags()).info.run_id
+        now = int(time.time() * 1000)
+        logged = [Metric(metric_key(k), float(v), now, 0) for k, v in metrics.items()]
+        for i in range(0, len(logged), 1000):  # MLflow's limit per batch
+            client.log_batch(run_id, metrics=logged[i : i + 1000])
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items() if v is not None])
+        if dataset is not None:
+            log_dataset(client, run_id, dataset)
+        if table is not None:
+            client.log_table(run_id, table[1], table[0])
+        client.set_terminated(run_id, "FINISHED")
+    except MlflowException as e:
+        raise UserError(
+            f"cannot log the {experiment} run {name} to the MLflow store {tracking_uri()!r}: "
+            f"{' '.join(e.message.split())[:600]}. Run the stage again once the store works."
+        ) from e
+    return run_id
+
+
+def log_download(prepared_dir: Path, source: str, seconds: float) -> str:
+    """The download stage's run (experiment `download`, named after the dataset): where the data came from, the
+    archive's checksum, the images per split and class, and the seconds that fetching and preparing took. Its
+    dataset input is the one of the training runs that read the data (the same digest)."""
+    manifest = json.loads((prepared_dir / "manifest.json").read_text())
+    ref = dataset_ref(prepared_dir, context="prepared")
+    archive = manifest.get("archive") or {}
+    params = {
+        "dataset": ref.name,
+        "source": source,
+        "layout": manifest.get("layout"),
+        "archive.file": archive.get("file"),
+        "archive.sha256": archive.get("sha256"),
+        "archive.md5": archive.get("md5"),
+        "archive.url": archive.get("url"),
+        "digest": ref.digest,
+    }
+    metrics = {"prepare_s": seconds}
+    for split, counts in manifest["splits"].items():
+        metrics[f"images/{split}"] = counts["count"]
+        metrics |= {f"images/{split}/{label}": n for label, n in counts["per_class"].items()}
+    return log_stage_run("download", ref.name, params, metrics, dataset=ref)
+
+
+def _leading_number(text: str) -> float | None:
+    """12.5 of '12.50 %', '>= 12.50 %' or '+1.20 (ref +1.00)'; None where the text does not start with one."""
+    match = re.match(r"(?:[<>]=\s*)?([+-]?\d+(?:\.\d+)?)(?:\s|$)", text)
+    return float(match.group(1)) if match else None
+
+
+def log_check(checks: list[dict[str, str]], outcome: dict[str, Any], params: dict[str, Any]) -> str:
+    """The check stage's run (experiment `check`): per check its value, limit and verdict as metrics
+    (`<configuration> <check>/value`, `/limit`, `/pass` = 1 or 0), every check as the table `checks.json` (the
+    texts as printed), the outcome (passed, checks, violations, not_checked) and `params` (the inputs)."""
+    metrics: dict[str, float] = {k: float(v) for k, v in outcome.items()}
+    for check in checks:
+        if check["status"] == "skip":
+            continue
+        key = f"{check['config']} {check['check']}"  # log_stage_run makes it a valid metric name
+        metrics[f"{key}/pass"] = float(check["status"] == "pass")
+        for part in ("value", "limit"):
+            if (number := _leading_number(check[part])) is not None:
+                metrics[f"{key}/{part}"] = number
+    columns = {column: [c[column] for c in checks] for column in ("status", "config", "check", "value", "limit")}
+    name = f"check-{os.environ['DVC_EXP_NAME']}" if os.environ.get("DVC_EXP_NAME") else "check"
+    return log_stage_run("check", name, params, metrics, table=("checks.json", columns))
