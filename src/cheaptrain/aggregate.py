@@ -1,10 +1,17 @@
-"""Collect every run of the grid and summarise it per (study, dataset, model, method), over seeds, beside the papers.
+"""Collect every run of the grid and of the results ledger, and summarise them per configuration, over seeds, beside
+the papers.
 
-Each method run is paired by seed with the baseline of its study (same recipe, same seed): accuracy delta, compute
-saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged. Every statistic has a
-mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`,
-`<name>_std`, `<name>_ci95`. Wall-clock figures come from each run's robust training time (`cheaptrain.timing`: a few
-slow epochs do not move it), and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
+A configuration is (study, dataset, model, method, recipe). Its runs come from the grid (`runs/`, `collect`) and from
+the results ledger (`ledger/`, `ledger_runs`: runs at a paper's setting kept in the repository); a run in both is
+counted once, the grid's. Each row says where its runs came from (`source`: runs, ledger or runs+ledger) and the
+devices they trained on.
+
+Each method run is paired by seed with the baseline of its configuration (same recipe, same seed): accuracy delta,
+compute saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged; the time
+saved only where both runs of each pair trained on one device. Every statistic has a mean, a standard deviation (2+
+seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`, `<name>_std`, `<name>_ci95`.
+Wall-clock figures come from each run's robust training time (`cheaptrain.timing`: a few slow epochs do not move it),
+and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from cheaptrain import UserError, is_number
+from cheaptrain.ledger import entries
 from cheaptrain.timing import RunTime, run_time, seed_interval
 
 KEY = ("study", "dataset", "model", "method")
+SOURCES = ("runs", "ledger")  # where a configuration's runs were read from: the grid's folder, the results ledger
 BASELINE = "baseline"
 REQUIRED_METRICS = ("final_acc", "best_acc", "best3_acc", "train_time_s", "total_trained_samples", "epochs")
 PAPER_MEASURE = {"dfp": "best3_acc", "wus": "final_acc"}  # the accuracy each paper reports (methods.md)
@@ -53,6 +62,8 @@ SUMMARY_COLUMNS = (
     "seeds",
     "epochs",
     "recipe",
+    "source",
+    "devices",
     "acc_measure",
     "work_measure",
     *(f"{s}_{part}" for s in STATS for part in ("mean", "std", "ci95")),
@@ -75,6 +86,8 @@ class Run:
     history: list[dict[str, float]]  # one row per epoch, every column as a number
     config: dict[str, Any] = field(default_factory=dict)  # the resolved configuration from run.json
     mlflow_run_id: str = ""
+    device: str = ""  # run.json's readable device name; empty for runs that predate it
+    source: str = "runs"  # runs | ledger
 
     @property
     def name(self) -> str:
@@ -114,11 +127,11 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
             raise UserError(f"{folder}/history.csv line {i}: {e}") from e
     numbers = {k: v for k, v in metrics.items() if is_number(v)}
     config, run_id = info.get("config") or {}, info.get("mlflow_run_id") or ""
-    return Run(study, dataset, model, method, seed, numbers, history, config, run_id)
+    return Run(study, dataset, model, method, seed, numbers, history, config, run_id, info.get("device") or "")
 
 
 def collect(params: dict[str, Any], runs_root: Path = Path("runs")) -> list[Run]:
-    """Every run of the grid; a UserError lists every run that has not finished."""
+    """Every run of the grid (none for an empty grid); a UserError lists every run that has not finished."""
     found, missing = [], []
     for study, dataset, model, method, seed in grid_runs(params):
         folder = runs_root / study / f"{dataset}-{model}-{method}-s{seed}"
@@ -131,9 +144,46 @@ def collect(params: dict[str, Any], runs_root: Path = Path("runs")) -> list[Run]
             f"{len(missing)} run(s) of the grid have not finished (no metrics.json, history.csv and run.json): "
             f"{', '.join(missing)}. Train them with `dvc repro`."
         )
-    if not found:
-        raise UserError("the grid in params.yaml trains no runs: nothing to aggregate")
     return [read_run(*args) for args in found]
+
+
+def ledger_runs(root: Path | None = None) -> list[Run]:
+    """Every entry of the results ledger (`cheaptrain.ledger`) as a Run; a UserError names an entry that is not one."""
+    runs = []
+    for entry in entries(root):
+        config = entry.info["config"]
+        needed = ("study", "dataset", "model", "method", "seed")
+        problems = [f"run.json config lacks {k}" for k in needed if k not in config]
+        problems += [f"metrics.json: {k} missing or not a finite number" for k in REQUIRED_METRICS
+                     if not is_number(entry.metrics.get(k))]  # fmt: skip
+        if "epoch" not in entry.history[0] or "test_acc" not in entry.history[0]:
+            problems.append("history.csv needs the columns epoch and test_acc")
+        if problems:
+            raise UserError(f"ledger entry {entry.path}: {'; '.join(problems)}; restore it from git")
+        numbers = {k: v for k, v in entry.metrics.items() if is_number(v)}
+        key = (config["study"], config["dataset"], config["model"], config["method"], int(config["seed"]))
+        run_id, device = entry.info.get("mlflow_run_id") or "", entry.info.get("device") or ""
+        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger"))
+    return runs
+
+
+def with_ledger(grid: list[Run], ledger: list[Run]) -> list[Run]:
+    """The grid's runs and the ledger's; a run in both (the same study, name and recipe) is counted once: the grid's."""
+    trained = {run_identity(r) for r in grid}
+    return grid + [r for r in ledger if run_identity(r) not in trained]
+
+
+def run_identity(run: Run) -> tuple[str, str, str]:
+    return run.study, run.name, recipe_id(run.config.get("recipe"))
+
+
+def config_key(run: Run) -> tuple[str, ...]:
+    """The configuration of a run: (study, dataset, model, method, recipe fingerprint), as a summary row's."""
+    return run.study, run.dataset, run.model, run.method, recipe_id(run.config.get("recipe"))
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, ...]:
+    return (*(row[k] for k in KEY), row.get("recipe", ""))
 
 
 def t975(n: int) -> float:
@@ -162,18 +212,23 @@ def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
 
 
 def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per (study, dataset, model, method): statistics over seeds, methods paired by seed with the baseline."""
-    baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
-    times = {(r.study, r.name): run_time(r.history, f"{r.study}/{r.name}") for r in runs}
+    """One row per configuration (study, dataset, model, method, recipe): statistics over seeds, methods paired by seed
+    with the baseline of the same recipe; wall-clock savings only where both runs of every pair trained on one
+    device."""
+    baselines = {(*config_key(r)[:3], config_key(r)[4], r.seed): r for r in runs if r.method == BASELINE}
+    times = {run_identity(r): run_time(r.history, f"{r.study}/{r.name}") for r in runs}
     summary = []
-    for key, group in itertools.groupby(sorted(runs, key=_order), key=lambda r: tuple(getattr(r, k) for k in KEY)):
+    for key, group in itertools.groupby(sorted(runs, key=_order), key=config_key):
         group = list(group)
         study, method = key[0], key[3]
         measure = measures.get(study, PAPER_MEASURE.get(study, "final_acc"))
-        row: dict[str, Any] = dict(zip(KEY, key, strict=True)) | {
+        sources = {r.source for r in group}
+        row: dict[str, Any] = dict(zip(KEY, key[:4], strict=True)) | {
             "seeds": len(group),
             "epochs": int(statistics.fmean(r.metrics["epochs"] for r in group)),
-            "recipe": recipe_id(group[0].config.get("recipe")),
+            "recipe": key[4],
+            "source": "+".join(s for s in SOURCES if s in sources),
+            "devices": ", ".join(sorted({r.device for r in group if r.device})),
             "acc_measure": measure,
         }
         values = {name: [r.metrics.get(name) for r in group] for name in ("final_acc", "best3_acc", "train_time_s")}
@@ -181,7 +236,7 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
         for name in ("planned_saving_pct", "updated_params_reduction_pct"):
             values[name] = [r.metrics.get(name) for r in group]
         replicates: dict[str, list[list[float]]] = {}  # per seed, a wall-clock saving's bootstrap replicates
-        timed = [times[r.study, r.name] for r in group]
+        timed = [times[run_identity(r)] for r in group]
         if all(timed):
             row["work_measure"] = ",".join(sorted({t.work_measure for t in timed}))
             values["robust_train_time_s"] = [t.robust_time_s for t in timed]
@@ -189,15 +244,16 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             values["full_epoch_s"] = [t.full_epoch_s for t in timed]
             values["own_time_saving_pct"] = [t.own_saving_pct for t in timed]
             replicates["own_time_saving_pct"] = [t.own_saving_replicates for t in timed]
-        partners = [baselines.get((r.study, r.dataset, r.model, r.seed)) for r in group]
+        partners = [baselines.get((*key[:3], key[4], r.seed)) for r in group]
         if method != BASELINE and all(partners):
             pairs = list(zip(group, partners, strict=True))
             values["acc_delta"] = [r.metrics[measure] - b.metrics[measure] for r, b in pairs]
             values["sample_saving_pct"] = [_saving(r, b, "total_trained_samples") for r, b in pairs]
             if all("total_train_flops" in r.metrics and "total_train_flops" in b.metrics for r, b in pairs):
                 values["compute_saving_pct"] = [_saving(r, b, "total_train_flops") for r, b in pairs]
-            timed_pairs = [(times[r.study, r.name], times[b.study, b.name]) for r, b in pairs]
-            if all(t and bt for t, bt in timed_pairs):
+            timed_pairs = [(times[run_identity(r)], times[run_identity(b)]) for r, b in pairs]
+            one_device = all(r.device == b.device or not (r.device and b.device) for r, b in pairs)
+            if one_device and all(t and bt for t, bt in timed_pairs):
                 values["time_saving_pct"] = [_time_saving(t.robust_time_s, bt.robust_time_s) for t, bt in timed_pairs]
                 replicates["time_saving_pct"] = [_paired_replicates(t, bt) for t, bt in timed_pairs]
         for name, vals in values.items():
@@ -220,7 +276,8 @@ def recipe_id(recipe: dict[str, Any] | None) -> str:
 
 
 def _order(run: Run) -> tuple:
-    return (run.study, run.dataset, run.model, run.method != BASELINE, run.method, run.seed)  # baseline first
+    key = config_key(run)
+    return (*key[:3], key[4], run.method != BASELINE, run.method, run.seed)  # baseline first
 
 
 def _saving(run: Run, baseline: Run, metric: str) -> float:
@@ -316,7 +373,7 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
             for k, v in raw.items():
                 if v in ("", None):
                     continue
-                if k in (*KEY, "recipe", "acc_measure", "work_measure", "mlflow_run_ids"):
+                if k in (*KEY, "recipe", "source", "devices", "acc_measure", "work_measure", "mlflow_run_ids"):
                     row[k] = v
                     continue
                 try:
@@ -330,14 +387,18 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
 
 
 def headline(summary: list[dict[str, Any]]) -> dict[str, Any]:
-    """results/metrics.json for `dvc metrics show`: per study and configuration, the figures a reader compares."""
+    """results/metrics.json for `dvc metrics show`: per study and configuration, the figures a reader compares. The
+    configurations of the ledger alone sit under `ledger`, so that the grid's keep their names; of two with one name
+    (another recipe), the second's carries its recipe fingerprint."""
     keep = (
         "acc", "acc_delta", "train_time_s", "compute_saving_pct", "time_saving_pct", "own_time_saving_pct",
         "planned_saving_pct", "updated_params_reduction_pct",
     )  # fmt: skip
     metrics: dict[str, Any] = {}
     for row in summary:
+        section = metrics.setdefault("ledger", {}) if row.get("source") == "ledger" else metrics
+        names = section.setdefault(row["study"], {})
         name = f"{row['dataset']}-{row['model']}-{row['method']}"
-        figures = {k: round(row[f"{k}_mean"], 4) for k in keep if row.get(f"{k}_mean") is not None}
-        metrics.setdefault(row["study"], {})[name] = figures
+        name = f"{name}@{row.get('recipe', '')}" if name in names else name
+        names[name] = {k: round(row[f"{k}_mean"], 4) for k in keep if row.get(f"{k}_mean") is not None}
     return metrics

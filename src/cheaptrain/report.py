@@ -3,10 +3,16 @@
 Outputs under results/ (the aggregate stage): report.md, figures/*.png, curves/<study>-<dataset>-<model>-<method>.csv
 (per-epoch means over seeds, for `dvc plots`), and one MLflow run in the experiment `aggregate`.
 
+report.md opens with "Reproduced at the papers' scale": every claim the papers publish about a method, against our
+runs at the paper's setting (from the grid or the results ledger), with a verdict and one coverage line. The rest is
+the grid's: its setting, the papers' tables with its figures, findings, figures and curves (a ledger run joins them
+only as a seed of one of the grid's configurations); summary.csv and metrics.json hold every configuration.
+
 Wall-clock savings are shown with their 95% interval and beside the compute saved, their bound (`cheaptrain.timing`).
 A time saving is "within noise" of a figure, 0 or the paper's, when its interval contains it; a time saving below 0
 of a method that did less work is within noise too, since the interval cannot see a machine that was busier during
-one run than during the other. Such a figure is neither called a finding nor a mismatch.
+one run than during the other. Such a figure is neither called a finding nor a mismatch; against the paper's figure,
+one within `aggregate.agree_within` points of it matches (time_kind), unless it lies above the compute saved.
 """
 
 from __future__ import annotations
@@ -34,11 +40,16 @@ from cheaptrain.aggregate import (
     accuracy_measures,
     add_published,
     collect,
+    config_key,
     headline,
+    ledger_runs,
     load_published,
+    row_key,
     summarize,
     summary_csv,
+    with_ledger,
 )
+from cheaptrain.ledger import ledger_root
 
 MLFLOW_EXPERIMENT = "aggregate"
 MEASURE_LABEL = {"best3_acc": "mean of the best three test accuracies", "final_acc": "final-epoch test accuracy"}
@@ -282,7 +293,7 @@ def setting_differences(
         seeds = len({r.seed for r in group})
         if isinstance(the_paper["runs"], int) and seeds != the_paper["runs"]:
             diffs.append(f"{seeds} seed(s) per configuration (paper: mean of {the_paper['runs']} runs)")
-        hardware = sorted({devices.get(r.mlflow_run_id) or "an unknown device" for r in group})
+        hardware = sorted({r.device or devices.get(r.mlflow_run_id) or "an unknown device" for r in group})
         diffs.append(f"trained on {', '.join(hardware)} (paper: {the_paper['hardware']})")
         if measures.get(study, PAPER_MEASURE[study]) != PAPER_MEASURE[study]:
             diffs.append(f"accuracy measure: not the paper's ({MEASURE_LABEL[PAPER_MEASURE[study]]})")
@@ -376,22 +387,302 @@ def signed_interval(row: dict[str, Any], name: str) -> str:
     return text
 
 
-def time_verdict(row: dict[str, Any], published: float, tol: float) -> str:
-    """Our time saved against the paper's: within noise, above its bound (the compute saved), a match within `tol`
-    points, or a mismatch."""
+def time_kind(row: dict[str, Any], published: float, tol: float) -> str:
+    """Our time saved against the paper's: 'above bound' (above the compute saved, its bound: noise), 'match' (within
+    `tol` points), 'noise' (else within noise: module docstring) or 'mismatch'."""
     value, lo = row["time_saving_pct_mean"], row.get("time_saving_pct_lo", row["time_saving_pct_mean"])
     compute = row.get("compute_saving_pct_mean")
-    if within_noise(row, "time_saving_pct", published):
-        return "within noise (neither a match nor a mismatch)"
     if compute is not None and lo > compute + tol:
+        return "above bound"
+    if abs(value - published) <= tol:
+        return "match"
+    return "noise" if within_noise(row, "time_saving_pct", published) else "mismatch"
+
+
+def time_verdict(row: dict[str, Any], published: float, tol: float) -> str:
+    """Our time saved against the paper's, in words (time_kind)."""
+    kind, compute = time_kind(row, published, tol), row.get("compute_saving_pct_mean")
+    if kind == "noise":
+        return "within noise (neither a match nor a mismatch)"
+    if kind == "above bound":
         return f"above the compute saved ({compute:.2f}%), its bound: noise, not a finding"
-    gap = value - published
-    if abs(gap) <= tol:
+    if kind == "match":
         return "matches"
+    gap = row["time_saving_pct_mean"] - published
     verdict = f"does NOT match ({gap:+.2f}, beyond ±{tol:.2f} and outside our interval)"
     if compute is not None and published > compute + tol:
         verdict += f"; the paper's figure is above this setting's compute saved ({compute:.2f}%), the bound"
     return verdict
+
+
+# ---------------------------------------------------------------------------------------------------- the papers' scale
+
+CLAIMS = {  # a published metric of a method: (our statistic, what it is, digits)
+    "accuracy_best3": ("acc_delta", "accuracy Δ (points)", 2),  # DFP Table 2, against the paper's own baseline
+    "accuracy": ("acc_delta", "accuracy Δ (points)", 2),  # WUS Table 2
+    "time_saving": ("time_saving_pct", "time saved %", 1),  # DFP Table 1, WUS Table 1
+    "updated_params_reduction": ("updated_params_reduction_pct", "updated-parameter reduction %", 1),  # WUS Table 3
+}
+WITHIN, OUTSIDE, NOISE, NOT_RUN = "within tolerance", "outside tolerance", "within noise", "not yet run"
+UNAVAILABLE = {  # datasets these machines cannot obtain: (verdict, why)
+    "cifar100": (
+        "CIFAR-100 unavailable",
+        "CIFAR-100 cannot be obtained on these machines: they reach no download site, and `../shared/datasets/` "
+        "holds CIFAR-10 only",
+    ),
+}
+JPEG_NOTE = (
+    "CIFAR-10 here is the shared archive's JPEG re-encoding of the official images (`../shared/datasets/README.md`): "
+    "accuracies on it run a little below those on the official data, so an accuracy a little below the paper's is "
+    "expected; a Δ compares two runs on the same data."
+)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One figure a paper publishes about a method: its accuracy Δ against the paper's baseline, its time saved, or
+    (WUS) its reduction of updated parameters."""
+
+    study: str
+    dataset: str
+    model: str
+    method: str
+    figure: str  # the summary's statistic: acc_delta | time_saving_pct | updated_params_reduction_pct
+    what: str
+    digits: int
+    published: float
+
+
+def published_claims(published: dict[tuple, float]) -> list[Claim]:
+    """Every claim of the papers' tables about a method, in the order of the tables' networks."""
+    order: dict[tuple, int] = {}
+    for key in published:
+        order.setdefault(key[:3], len(order))
+    figures = list(dict.fromkeys(figure for figure, _, _ in CLAIMS.values()))
+    claims = []
+    for (study, dataset, model, method, metric), value in published.items():
+        if method == BASELINE or metric not in CLAIMS:
+            continue
+        figure, what, digits = CLAIMS[metric]
+        if figure == "acc_delta":
+            baseline = published.get((study, dataset, model, BASELINE, metric))
+            if baseline is None:
+                continue
+            value -= baseline
+        claims.append(Claim(study, dataset, model, method, figure, what, digits, value))
+    return sorted(claims, key=lambda c: (order[c.study, c.dataset, c.model], c.method, figures.index(c.figure)))
+
+
+def paper_setting(run: Run) -> tuple[bool, list[str]]:
+    """Whether a run counts as trained at its paper's setting: 200 epochs and the paper's recipe, where a setting of
+    its own network in `recipes.<study>.per_model` is a documented deviation. Returns that, and the deviations (when
+    it counts) or every difference from the paper's recipe (when it does not)."""
+    the_paper = PAPERS.get(run.study)
+    if the_paper is None:
+        return False, [f"study {run.study!r} is from neither paper"]
+    recipe = run.config.get("recipe") or {}
+    own = (recipe.get("per_model") or {}).get(run.model) or {}
+    deviations, departures = [], []
+    for key, theirs in the_paper["recipe"].items():
+        ours = list(recipe[key]) if isinstance(recipe.get(key), tuple | list) else recipe.get(key)
+        if ours == theirs:
+            continue
+        if key in own and key != "epochs":
+            deviations.append(f"{key} {ours} for {run.model} (recipes.{run.study}.per_model; paper: {theirs})")
+        else:
+            departures.append(f"{key} {ours} (paper: {theirs})")
+    if run.config.get("model_args"):
+        deviations.append(f"model arguments {run.config['model_args']}")
+    return (False, departures) if departures else (True, deviations)
+
+
+def first_runs(runs: list[Run]) -> dict[tuple[str, ...], Run]:
+    """One run per configuration (its runs share the recipe), by configuration key."""
+    first: dict[tuple[str, ...], Run] = {}
+    for run in runs:
+        first.setdefault(config_key(run), run)
+    return first
+
+
+def paper_scale_rows(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tuple, tuple[dict[str, Any], list[str]]]:
+    """Per (study, dataset, model, method): the summary row at the paper's setting and its deviations; of several,
+    the one with the fewest deviations, then the most seeds."""
+    first = first_runs(runs)
+    chosen: dict[tuple, tuple[dict[str, Any], list[str]]] = {}
+    for row in summary:
+        counted, notes = paper_setting(first[row_key(row)])
+        if not counted:
+            continue
+        theirs = PAPER_MEASURE[row["study"]]
+        if row["acc_measure"] != theirs:
+            notes = [*notes, f"accuracy: {MEASURE_LABEL[row['acc_measure']]} (paper: {MEASURE_LABEL[theirs]})"]
+        key = tuple(row[k] for k in KEY)
+        if key not in chosen or (len(notes), -row["seeds"]) < (len(chosen[key][1]), -chosen[key][0]["seeds"]):
+            chosen[key] = (row, notes)
+    return chosen
+
+
+def claim_verdict(claim: Claim, row: dict[str, Any] | None, agree: dict[str, float]) -> str:
+    """Within tolerance (`agree_within` points, or the paper's figure inside our 95% t-interval), outside it, within
+    noise (a time saving: time_kind), not yet run, or the dataset unavailable here."""
+    if row is None:
+        return UNAVAILABLE[claim.dataset][0] if claim.dataset in UNAVAILABLE else NOT_RUN
+    value = row.get(f"{claim.figure}_mean")
+    if value is None:
+        return NOT_RUN
+    if claim.figure == "time_saving_pct":
+        kind = time_kind(row, claim.published, agree["saving_points"])
+        return {"match": WITHIN, "mismatch": OUTSIDE}.get(kind, NOISE)
+    tol = agree["acc_points"] if claim.figure == "acc_delta" else agree["saving_points"]
+    return WITHIN if abs(value - claim.published) <= max(tol, row.get(f"{claim.figure}_ci95") or 0) else OUTSIDE
+
+
+def claim_figure(row: dict[str, Any] | None, claim: Claim) -> str:
+    """Our figure: 'mean [lo, hi]' with its 95% interval; stat() under 3 seeds; why it is missing."""
+    if row is None:
+        return "—"
+    name, digits = claim.figure, claim.digits
+    mean = row.get(f"{name}_mean")
+    if mean is None:
+        return f"— ({missing_figure(row, name)})"
+    if row.get(f"{name}_lo") is not None:
+        lo, hi = row[f"{name}_lo"], row[f"{name}_hi"]
+    elif row.get(f"{name}_ci95") is not None:
+        lo, hi = mean - row[f"{name}_ci95"], mean + row[f"{name}_ci95"]
+    else:
+        return stat(row, name, digits, sign=True)
+    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def missing_figure(row: dict[str, Any], name: str) -> str:
+    if row.get("acc_delta_mean") is None:
+        return "no baseline at this setting"
+    if name == "time_saving_pct":
+        return "no per-epoch times, or its baseline trained on another device"
+    return "not in its runs' metrics"
+
+
+CLAIM_HEADERS = [
+    "study", "dataset", "model", "method", "claim", "ours [95% interval]", "seeds", "device", "paper", "diff",
+    "compute saved % (bound)", "setting", "verdict",
+]  # fmt: skip
+
+
+def claim_cells(claim: Claim, found: tuple[dict[str, Any], list[str]] | None, verdict: str) -> list[str]:
+    """One row of the claims table (CLAIM_HEADERS); `found`: the row at the paper's setting and its deviations."""
+    row, notes = found or (None, [])
+    digits, signed = claim.digits, claim.figure == "acc_delta"
+    mean = row.get(f"{claim.figure}_mean") if row else None
+    compute = stat(row, "compute_saving_pct", 1) if row and claim.figure == "time_saving_pct" else ""
+    return [
+        claim.study, claim.dataset, claim.model, claim.method, claim.what, claim_figure(row, claim),
+        str(int(row["seeds"])) if row else "—", (row.get("devices") or "—") if row else "—",
+        _fmt(claim.published, digits, signed), _fmt(None if mean is None else mean - claim.published, digits, True),
+        compute, ("; ".join(notes) or "paper's") if row else "—", verdict,
+    ]  # fmt: skip
+
+
+def wus_schedule_table(runs: list[Run], published: dict[tuple, float]) -> Table:
+    """Per WUS or WUS+LR run at the paper's setting on a network the paper lacks: its share of skip epochs and its
+    Eq. 1 reduction, beside the range of Table 3 on the same dataset."""
+    table3: dict[str, list[float]] = {}
+    for (study, dataset, _, _, metric), value in published.items():
+        if study == "wus" and metric == "updated_params_reduction":
+            table3.setdefault(dataset, []).append(value)
+    networks = {k[:3] for k in published}
+    rows = []
+    for run in sorted(runs, key=lambda r: (r.dataset, r.model, r.method, r.seed)):
+        if run.study != "wus" or run.method == BASELINE or (run.study, run.dataset, run.model) in networks:
+            continue
+        counted, notes = paper_setting(run)
+        skip, normal = run.metrics.get("skip_epochs"), run.metrics.get("normal_epochs")
+        if not counted or skip is None or normal is None:
+            continue
+        theirs = table3.get(run.dataset)
+        rows.append([
+            run.name, run.device or "—", f"{run.metrics['epochs']:.0f}", f"{skip:.0f}",
+            _fmt(100 * skip / (skip + normal) if skip + normal else None, 1),
+            _fmt(run.metrics.get("updated_params_reduction_pct"), 1),
+            f"{min(theirs):.0f}–{max(theirs):.0f}" if theirs else NOT_IN_PAPER, "; ".join(notes) or "paper's",
+        ])  # fmt: skip
+    note = (
+        "The WUS paper trains none of these networks. Skip epochs: epochs that updated only the last layer's biases; "
+        "reduction: Eq. 1, N = E_skip·b + E_normal·(b + w), against a baseline that updates every parameter every "
+        "epoch; Table 3: the range of the paper's reductions on the same dataset (its 4 networks, WUS and WUS+LR)."
+    )
+    if not rows:
+        note = f"No WUS or WUS+LR run at the paper's setting on a network the paper lacks yet. {note}"
+    headers = ["run", "device", "epochs", "skip epochs", "skip share %", "reduction %", "Table 3 %", "setting"]
+    return Table("ledger_wus_schedule", "WUS through its whole schedule, on networks the paper lacks", note, headers,
+                 rows)  # fmt: skip
+
+
+def paper_scale(
+    summary: list[dict[str, Any]], runs: list[Run], published: dict[tuple, float], agree: dict[str, float]
+) -> tuple[str, list[Table]]:
+    """The section "Reproduced at the papers' scale": every published claim against our runs at the paper's setting,
+    from the grid or the results ledger, with a verdict and one coverage line; and WUS on networks the paper lacks.
+    Returns the markdown and its tables (MLflow: tables/ledger.json, tables/ledger_wus_schedule.json)."""
+    claims = published_claims(published)
+    chosen = paper_scale_rows(summary, runs)
+    judged = [(c, chosen.get((c.study, c.dataset, c.model, c.method))) for c in claims]
+    verdicts = [claim_verdict(c, found[0] if found else None, agree) for c, found in judged]
+    cells = [claim_cells(c, found, v) for (c, found), v in zip(judged, verdicts, strict=True)]
+    count = {v: verdicts.count(v) for v in (WITHIN, OUTSIDE, NOISE, NOT_RUN)}
+    unavailable = [f"{verdicts.count(label)} {label}" for label, _ in UNAVAILABLE.values() if label in verdicts]
+    ran = count[WITHIN] + count[OUTSIDE] + count[NOISE]
+    coverage = (
+        f"**{ran} of {len(claims)} published claims run, {count[WITHIN]} within tolerance** ({count[NOISE]} within "
+        f"noise, {count[OUTSIDE]} outside tolerance, {count[NOT_RUN]} not yet run"
+        + "".join(f", {u}" for u in unavailable)
+        + ")."
+    )
+    notes = [
+        "Ours: the mean over seeds and its 95% interval (accuracy Δ and reduction: the t-interval over seeds, from 3 "
+        "seeds; time saved: the interval of `cheaptrain.timing`, which also sees how epochs scatter within a run); "
+        "with 2 seeds the standard deviation (sd), with 1 the mean alone. Δ: method minus the baseline of the same "
+        "recipe and seed; the paper's: its method minus its baseline. diff: ours minus the paper's.",
+        f"Verdict: within tolerance when ours lies within ±{agree['acc_points']:g} points (accuracy Δ) or "
+        f"±{agree['saving_points']:g} points (time saved, reduction) of the paper's figure (params "
+        "`aggregate.agree_within`) or, for the accuracy Δ and the reduction, the paper's figure lies within our 95% "
+        "t-interval. A time saving further from the paper's is within noise, never outside tolerance, when its "
+        "interval contains the paper's figure or it is negative for a method that did less work; one above the "
+        "compute saved is within noise too. Not yet run: no run at the paper's setting, or none of its baseline.",
+        "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "
+        "saves, so it bounds the time saving on any hardware; a paper's time saving above it cannot come from the "
+        "work the method leaves out alone.",
+        *(f"{why}." for _, why in UNAVAILABLE.values()),
+        JPEG_NOTE,
+    ]
+    excluded, first = [], first_runs(runs)
+    for row in summary:
+        counted, differences = paper_setting(first[row_key(row)])
+        if "ledger" in row.get("source", "") and not counted:
+            excluded.append(
+                f"{row['study']} {row['dataset']}/{row['model']}/{row['method']} ({'; '.join(differences)})"
+            )
+    if excluded:
+        notes.append("Ledger runs not at the paper's setting, not counted: " + ", ".join(excluded) + ".")
+    claims_table = Table("ledger", "Every published claim", coverage, CLAIM_HEADERS, cells)
+    wus = wus_schedule_table(runs, published)
+    lines = [
+        "## Reproduced at the papers' scale",
+        "",
+        coverage,
+        "",
+        "Every figure the papers publish about a method (`data/published_results.csv`: DFP Tables 1 and 2, WUS "
+        "Tables 1 to 3), against our runs at the paper's setting: 200 epochs and the study's paper recipe, on any "
+        "device, from the grid (`runs/`) or the results ledger (`ledger/`, runs kept in the repository). A setting "
+        "of one network in `recipes.<study>.per_model` is a documented deviation: its runs count, and the column "
+        "setting names it.",
+        "",
+        md_table(CLAIM_HEADERS, cells),
+        "",
+        *(f"- {note}" for note in notes),
+        "",
+        wus.markdown(),
+    ]
+    return "\n".join(lines), [claims_table, wus]
 
 
 # ---------------------------------------------------------------------------------------------------- markdown
@@ -404,18 +695,26 @@ def report_markdown(
     published: set[tuple[str, str, str]],
     agree: dict[str, float],
     tables: list[Table],
+    paper_scale_section: str,
 ) -> str:
-    """results/report.md: readable on its own (setup, differences from the papers, tables, findings, figures)."""
+    """results/report.md: readable on its own (the papers' scale; then the grid's setup, differences from the papers,
+    tables, findings, figures). `summary` and `runs`: the grid's configurations (grid_part)."""
     measures = {r["study"]: r["acc_measure"] for r in summary}
     differences = setting_differences(runs, devices, published, measures)
     lines = [
         "# Results: cheaper CIFAR training, reproduced",
         "",
-        f"{len(runs)} runs in `runs/`, summarised over seeds by the `aggregate` stage, beside the figures the papers "
-        "publish (`data/published_results.csv`). Regenerate with `dvc repro`; the numbers are in "
-        "`results/summary.csv`, the headline figures in `results/metrics.json`; the regression gate (stage `check`, "
-        "README) reads the summary and writes `results/check.json`.",
+        f"{len(runs)} runs of the grid, summarised over seeds by the `aggregate` stage, beside the figures the papers "
+        "publish (`data/published_results.csv`), and the results ledger's runs at the papers' scale. Regenerate "
+        "with `dvc repro`; the numbers are in `results/summary.csv`, the headline figures in `results/metrics.json`; "
+        "the regression gate (stage `check`, README) reads the summary and writes `results/check.json`.",
         "",
+        paper_scale_section,
+    ]
+    if not runs:
+        lines.append("No runs in the grid (params `grid`): this report holds the ledger's runs alone.")
+        return "\n".join(lines) + "\n"
+    lines += [
         "## Setup",
         "",
         "| study | paper | datasets | models | methods | seeds | epochs | accuracy measure |",
@@ -449,9 +748,10 @@ def report_markdown(
         f"A figure matches when it lies within ±{agree['acc_points']:g} points (accuracy Δ) or "
         f"±{agree['saving_points']:g} points (savings) of the paper's, or within our 95% interval when that is "
         "wider (params `aggregate.agree_within`). A time saving is within noise, neither a finding nor a mismatch, "
-        "when its 95% interval contains the figure it is compared with (0, or the paper's), or when it is negative "
-        "for a method that did less work. The compute saved is what an ideal implementation saves on any hardware: "
-        "the bound for the time saved; a time saving well above it is noise, not a finding.",
+        "when its 95% interval contains the figure it is compared with (0, or the paper's when ours lies further "
+        "than the tolerance from it), or when it is negative for a method that did less work. The compute saved is "
+        "what an ideal implementation saves on any hardware: the bound for the time saved; a time saving well above "
+        "it is noise, not a finding.",
         "",
     ]
     lines += [f"- {line}" for line in findings(summary, agree)]
@@ -469,13 +769,13 @@ def report_markdown(
     lines += [
         "## Runs",
         "",
-        "| study | run | final acc % | best-3 acc % | train time s | MLflow run |",
-        "|---|---|---|---|---|---|",
+        "| study | run | final acc % | best-3 acc % | train time s | MLflow run | from |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in sorted(runs, key=lambda r: (r.study, r.name)):
         lines.append(
             f"| {r.study} | {r.name} | {r.metrics['final_acc']:.2f} | {r.metrics['best3_acc']:.2f} | "
-            f"{r.metrics['train_time_s']:.1f} | `{r.mlflow_run_id or '—'}` |"
+            f"{r.metrics['train_time_s']:.1f} | `{r.mlflow_run_id or '—'}` | {r.source}/ |"
         )
     return "\n".join(lines) + "\n"
 
@@ -713,14 +1013,14 @@ def png(fig: Figure) -> bytes:
 
 
 def run_devices(runs: list[Run]) -> dict[str, str]:
-    """The `device` tag of each run's MLflow run (the hardware it trained on); empty where the store lacks it."""
+    """For runs whose run.json names no device (older runs): the `device` tag of their MLflow run."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     from cheaptrain.tracking import tracking_uri
 
     client, devices = MlflowClient(tracking_uri()), {}
-    for run in runs:
+    for run in (r for r in runs if not r.device):
         try:
             devices[run.mlflow_run_id] = client.get_run(run.mlflow_run_id).data.tags.get("device", "")
         except MlflowException:
@@ -763,6 +1063,8 @@ def log_to_mlflow(
                 "study": [r.study for r in runs],
                 "run": [r.name for r in runs],
                 "mlflow_run_id": [r.mlflow_run_id for r in runs],
+                "source": [r.source for r in runs],
+                "device": [r.device for r in runs],
                 "final_acc": [r.metrics["final_acc"] for r in runs],
                 "best3_acc": [r.metrics["best3_acc"] for r in runs],
                 "train_time_s": [r.metrics["train_time_s"] for r in runs],
@@ -793,17 +1095,31 @@ def agreement(params: dict[str, Any]) -> dict[str, float]:
     return agree | {k: float(v) for k, v in given.items()}
 
 
-def write_results(params: dict[str, Any], runs_root: Path, published_path: Path, out: Path) -> tuple[list, str]:
-    """The aggregate stage: read the runs, write every output under `out` (each atomically), log the MLflow run.
-    Returns the summary and the MLflow run id."""
+def grid_part(summary: list[dict[str, Any]], runs: list[Run]) -> tuple[list[dict[str, Any]], list[Run]]:
+    """The grid's configurations (with any seeds of theirs from the ledger): their rows and runs."""
+    rows = [row for row in summary if row.get("source") != "ledger"]
+    keys = {row_key(row) for row in rows}
+    return rows, [run for run in runs if config_key(run) in keys]
+
+
+def write_results(
+    params: dict[str, Any], runs_root: Path, published_path: Path, out: Path, ledger_dir: Path | None = None
+) -> tuple[list, str]:
+    """The aggregate stage: read the grid's runs and the results ledger (`ledger_dir`, default: the project's), write
+    every output under `out` (each atomically), log the MLflow run. Returns the summary and the MLflow run id."""
 
     measures, agree = accuracy_measures(params), agreement(params)
-    runs = collect(params, runs_root)
+    ledger_dir = ledger_dir or ledger_root()
+    all_runs = with_ledger(collect(params, runs_root), ledger_runs(ledger_dir))
+    if not all_runs:
+        raise UserError(f"nothing to aggregate: the grid in params.yaml trains no runs and {ledger_dir} has no entries")
     published = load_published(published_path)
-    summary = add_published(summarize(runs, measures), published)
-    tables = paper_tables(summary)
-    report = report_markdown(summary, runs, run_devices(runs), {k[:3] for k in published}, agree, tables)
-    figs = figures(summary, runs)
+    summary = add_published(summarize(all_runs, measures), published)
+    rows, runs = grid_part(summary, all_runs)
+    tables = paper_tables(rows)
+    scale, scale_tables = paper_scale(summary, all_runs, published, agree)
+    report = report_markdown(rows, runs, run_devices(runs), {k[:3] for k in published}, agree, tables, scale)
+    figs = figures(rows, runs)
     metrics = headline(summary)
     files: dict[str, str | bytes] = {
         "summary.csv": summary_csv(summary),
@@ -818,6 +1134,11 @@ def write_results(params: dict[str, Any], runs_root: Path, published_path: Path,
     for name, data in files.items():
         atomic_write(out / name, data)
     run_id = log_to_mlflow(
-        summary, runs, tables, figs, metrics, [out / f for f in ("summary.csv", "report.md", "metrics.json")]
+        summary,
+        runs,
+        tables + scale_tables,
+        figs,
+        metrics,
+        [out / f for f in ("summary.csv", "report.md", "metrics.json")],
     )
     return summary, run_id

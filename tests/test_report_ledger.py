@@ -1,0 +1,265 @@
+"""The results ledger in the aggregate: its entries are summarised beside the grid's runs (a run in both counted once),
+and report.md's "Reproduced at the papers' scale" judges every published claim against runs at the paper's setting:
+within tolerance, outside it, within noise, not yet run, CIFAR-100 unavailable. Synthetic entries, no training."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cheaptrain import UserError
+from cheaptrain.aggregate import Run, collect, headline, ledger_runs, recipe_id, summarize, with_ledger
+from cheaptrain.report import PAPERS, grid_part, paper_scale
+
+from conftest import REPO, read_csv
+
+PUBLISHED = REPO / "data" / "published_results.csv"
+AGREE = {"acc_points": 0.5, "saving_points": 3.0}
+DEVICE = "cpu: Test EPYC x2"
+FLOPS_PER_SAMPLE = 1.2e6
+SKIP_FLOPS_PER_SAMPLE = 0.4e6
+
+
+def paper_recipe(study: str, **changes) -> dict:
+    """The recipe as run.json records it (RunConfig.to_dict()): the paper's, with `changes`."""
+    recipe = PAPERS[study]["recipe"] | {"nesterov": False, "model_args": {}, "per_model": {}}
+    recipe |= {"step_size": 0} if study == "dfp" else {"milestones": []}
+    return recipe | changes
+
+
+def pruned(method: str, epoch: int) -> bool:
+    return method in ("dfp", "random_prune") and epoch % 5 in (3, 4)  # 80 of 200 epochs leave out 30%
+
+
+def skipped(method: str, epoch: int) -> bool:
+    return method in ("wus", "wus_lr") and epoch > 40 and epoch % 30 not in (1, 2)  # 150 skip epochs
+
+
+def write_entry(
+    root: Path, study: str, model: str, method: str, seed: int, recipe: dict | None = None, epochs: int = 200
+) -> Path:
+    """One ledger entry as the train stage writes it: run.json, metrics.json, history.csv (`epochs` rows)."""
+    recipe = recipe or paper_recipe(study)
+    drop = {"dfp": 0.43, "random_prune": 0.9, "wus": 0.7, "wus_lr": 0.5}.get(method, 0.0)
+    history = []
+    for e in range(1, epochs + 1):
+        samples = 35000 if pruned(method, e) else 50000
+        skip = skipped(method, e)
+        per_sample = SKIP_FLOPS_PER_SAMPLE if skip else FLOPS_PER_SAMPLE
+        seconds = (3.0 * samples / 50000) * (1 / 3 if skip else 1) * (1 + 0.02 * math.sin(e)) + 0.01 * seed
+        row = {"epoch": e, "lr": 0.1, "threads": 2, "train_loss": 2 / e, "train_acc": 30.0, "trained_samples": samples,
+               "epoch_train_s": seconds, "train_flops": samples * per_sample, "test_loss": 1.0,
+               "test_acc": 40 + 35 * (1 - math.exp(-e / 30)) + 0.2 * seed - drop, "eval_s": 0.2}  # fmt: skip
+        if method in ("dfp", "random_prune"):
+            row["pruned_samples"] = 50000 - samples
+        if method in ("wus", "wus_lr"):
+            row |= {"phase": int(skip), "updated_params": 10 if skip else 62006}
+        history.append(row)
+    accs = [r["test_acc"] for r in history]
+    metrics = {"final_acc": accs[-1], "best_acc": max(accs), "best3_acc": sum(sorted(accs)[-3:]) / 3,
+               "train_time_s": sum(r["epoch_train_s"] for r in history), "epochs": epochs,
+               "total_trained_samples": sum(r["trained_samples"] for r in history),
+               "total_train_flops": sum(r["train_flops"] for r in history)}  # fmt: skip
+    if method in ("wus", "wus_lr"):
+        skips = sum(r["phase"] for r in history)
+        total = skips * 10 + (epochs - skips) * 62006  # Eq. 1
+        metrics |= {"skip_epochs": skips, "normal_epochs": epochs - skips,
+                    "updated_params_reduction_pct": 100 * (1 - total / (epochs * 62006))}  # fmt: skip
+    name = f"cifar10-{model}-{method}-s{seed}"
+    folder = root / study / name
+    folder.mkdir(parents=True)
+    config = {"study": study, "dataset": "cifar10", "model": model, "method": method, "seed": seed,
+              "recipe": recipe, "method_args": {}, "model_args": {}, "device": "auto"}  # fmt: skip
+    info = {"name": name, "config": config, "mlflow_run_id": f"trained-{name}", "device": DEVICE}
+    (folder / "run.json").write_text(json.dumps(info))
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    with open(folder / "history.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+    return folder
+
+
+def write_ledger(root: Path) -> None:
+    """DFP on LeNet, its paper's setting, 3 seeds; WUS and WUS+LR on LeNet (no WUS paper figure), 1 seed."""
+    for method in ("baseline", "dfp", "random_prune"):
+        for seed in (0, 1, 2):
+            write_entry(root, "dfp", "lenet", method, seed)
+    for method in ("baseline", "wus", "wus_lr"):
+        write_entry(root, "wus", "lenet", method, 0)
+
+
+def cells(report: str, *start: str) -> list[list[str]]:
+    """The cells of every markdown table row that begins with `start`."""
+    prefix = "| " + " | ".join(start) + " |"
+    return [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines() if line.startswith(prefix)]
+
+
+def test_a_fresh_checkout_with_only_ledger_entries_gets_the_papers_scale_section(tmp_path):
+    """No runs/ and an empty grid: the aggregate stage still summarises the ledger and reports every claim."""
+    write_ledger(tmp_path / "ledger")
+    (tmp_path / "params.yaml").write_text("grid: {}\n")
+    out, store = tmp_path / "results", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = os.environ | {"PYTHONPATH": str(REPO / "src"), "DVC_ROOT": str(tmp_path), "MLFLOW_TRACKING_URI": store}
+    cmd = [sys.executable, str(REPO / "stages" / "aggregate.py"), "--params", "params.yaml", "--runs", "runs",
+           "--published", str(PUBLISHED), "--out", str(out)]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "runs").exists()
+
+    report = (out / "report.md").read_text()
+    assert "## Reproduced at the papers' scale" in report
+    assert "**2 of 68 published claims run, 2 within tolerance** (0 within noise, 0 outside tolerance, 42 not yet " \
+           "run, 24 CIFAR-100 unavailable)." in report  # fmt: skip
+    summary = {(r["study"], r["method"]): r for r in read_csv(out / "summary.csv")}
+    dfp = summary["dfp", "dfp"]
+    assert dfp["source"] == "ledger" and dfp["seeds"] == "3" and dfp["devices"] == DEVICE
+    mean, ci = float(dfp["acc_delta_mean"]), float(dfp["acc_delta_ci95"])
+    (acc,) = cells(report, "dfp", "cifar10", "lenet", "dfp", "accuracy Δ (points)")
+    assert acc[5:] == [f"{mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}]", "3", DEVICE, "-0.43", f"{mean + 0.43:+.2f}",
+                       "", "paper's", "within tolerance"]  # fmt: skip
+    (time,) = cells(report, "dfp", "cifar10", "lenet", "dfp", "time saved %")
+    lo, hi = float(dfp["time_saving_pct_lo"]), float(dfp["time_saving_pct_hi"])
+    assert time[5] == f"{float(dfp['time_saving_pct_mean']):+.1f} [{lo:+.1f}, {hi:+.1f}]" and time[8] == "11.8"
+    assert time[10] == "12.0 ± 0.0" and time[12] == "within tolerance"  # compute saved beside it: 80 epochs x 30%
+    assert "it bounds the time saving on any hardware" in report
+    cifar100 = [c for c in cells(report, "wus", "cifar100")]
+    assert len(cifar100) == 24 and {c[12] for c in cifar100} == {"CIFAR-100 unavailable"}
+    assert {c[12] for c in cells(report, "dfp", "cifar10", "vgg13")} == {"not yet run"}
+    assert report.count("JPEG") == 1 and "CIFAR-100 cannot be obtained on these machines" in report
+
+    (wus,) = cells(report, "cifar10-lenet-wus-s0")
+    assert wus == ["cifar10-lenet-wus-s0", DEVICE, "200", "150", "75.0", f"{100 * 150 / 200 * (1 - 10 / 62006):.1f}",
+                   "71–74", "paper's"]  # fmt: skip
+    assert cells(report, "cifar10-lenet-wus_lr-s0") and not cells(report, "cifar10-lenet-baseline-s0")
+    assert "No runs in the grid" in report
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["ledger"]["dfp"]["cifar10-lenet-dfp"]["acc_delta"] == pytest.approx(-0.43, abs=1e-3)
+    assert set(metrics) == {"ledger"}  # the grid trained nothing
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("aggregate").experiment_id])
+    tables = {a.path for a in client.list_artifacts(run.info.run_id, "tables")}
+    assert {"tables/ledger.json", "tables/ledger_wus_schedule.json", "tables/summary.json"} <= tables
+    logged = json.loads(Path(client.download_artifacts(run.info.run_id, "tables/ledger.json")).read_text())
+    assert len(logged["data"]) == 68
+
+
+def test_the_ledger_and_the_grid_count_a_run_in_both_once(tmp_path):
+    """A grid run that is also a ledger entry counts once (the grid's); another seed of the same recipe joins the
+    grid's configuration; a run of the same name at another recipe makes a configuration of its own."""
+    quick = paper_recipe("dfp", epochs=10, lr=0.02)
+    for method in ("baseline", "dfp"):
+        for seed in (0, 1):
+            write_entry(tmp_path / "runs", "dfp", "lenet", method, seed, quick, epochs=10)
+        write_entry(tmp_path / "ledger", "dfp", "lenet", method, 0)  # the paper's setting
+        write_entry(tmp_path / "ledger", "dfp", "lenet", method, 1, quick, epochs=10)  # the grid's run
+        write_entry(tmp_path / "ledger", "dfp", "lenet", method, 2, quick, epochs=10)  # a third seed
+    grid = {"grid": {"dfp": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline", "dfp"],
+                             "seeds": [0, 1]}}}  # fmt: skip
+    runs = with_ledger(collect(grid, tmp_path / "runs"), ledger_runs(tmp_path / "ledger"))
+    assert len(runs) == 4 + 2 + 2
+    summary = summarize(runs, {"dfp": "best3_acc"})
+    rows = {(r["method"], r["epochs"]): r for r in summary}
+    assert len(summary) == 4
+    assert rows["dfp", 10]["seeds"] == 3 and rows["dfp", 10]["source"] == "runs+ledger"
+    assert rows["dfp", 200]["seeds"] == 1 and rows["dfp", 200]["source"] == "ledger"
+    assert rows["dfp", 10]["recipe"] == recipe_id(quick) != rows["dfp", 200]["recipe"]
+    assert rows["dfp", 200]["acc_delta_mean"] == pytest.approx(-0.43)  # paired with the baseline of its own recipe
+    metrics = headline(summary)
+    assert set(metrics["dfp"]) == {"cifar10-lenet-baseline", "cifar10-lenet-dfp"}
+    assert set(metrics["ledger"]["dfp"]) == {"cifar10-lenet-baseline", "cifar10-lenet-dfp"}
+    grid_rows, grid_runs = grid_part(summary, runs)  # the report's body, figures and curves: the grid's configurations
+    assert {r["epochs"] for r in grid_rows} == {10} and len(grid_runs) == 6
+
+
+def test_a_time_saving_is_only_paired_on_one_device(tmp_path):
+    write_entry(tmp_path, "dfp", "lenet", "baseline", 0)
+    info_path = write_entry(tmp_path, "dfp", "lenet", "dfp", 0) / "run.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps(info | {"device": "NVIDIA H100 80GB HBM3"}))
+    (row,) = [r for r in summarize(ledger_runs(tmp_path), {}) if r["method"] == "dfp"]
+    assert row["compute_saving_pct_mean"] == pytest.approx(12.0) and "acc_delta_mean" in row
+    assert "time_saving_pct_mean" not in row  # an H100 run against a CPU baseline says nothing about time
+
+
+def test_a_broken_ledger_entry_is_one_clear_error(tmp_path):
+    folder = write_entry(tmp_path, "dfp", "lenet", "baseline", 0)
+    (folder / "metrics.json").write_text(json.dumps({"final_acc": 60.0}))
+    with pytest.raises(UserError, match=r"ledger entry .*baseline-s0: metrics.json: best_acc missing"):
+        ledger_runs(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------- verdicts
+
+
+def claim_row(model: str, method: str, recipe: dict | None = None, study: str = "dfp", **figures: float) -> dict:
+    """A 3-seed summary row of the ledger; `figures`: statistic -> mean, ci95 or (mean, lo, hi)."""
+    row = {"study": study, "dataset": "cifar10", "model": model, "method": method, "seeds": 3, "epochs": 200,
+           "recipe": recipe_id(recipe or paper_recipe(study)), "source": "ledger", "devices": DEVICE,
+           "acc_measure": "best3_acc" if study == "dfp" else "final_acc", "acc_mean": 70.0}  # fmt: skip
+    for name, value in figures.items():
+        if isinstance(value, tuple) and len(value) == 3:
+            row |= dict(zip((f"{name}_mean", f"{name}_lo", f"{name}_hi"), value, strict=True))
+        elif isinstance(value, tuple):
+            row |= {f"{name}_mean": value[0], f"{name}_ci95": value[1]}
+        else:
+            row[f"{name}_mean"] = value
+    return row
+
+
+def run_of(row: dict, recipe: dict | None = None) -> Run:
+    config = {"recipe": recipe or paper_recipe(row["study"])}
+    return Run(row["study"], row["dataset"], row["model"], row["method"], 0, {}, [], config, "", DEVICE, "ledger")
+
+
+def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outside():
+    from cheaptrain.aggregate import load_published
+
+    lower_lr = paper_recipe("dfp", lr=0.05, per_model={"wrn10": {"lr": 0.05}})  # a documented deviation
+    everywhere = paper_recipe("dfp", lr=0.05)  # the study's recipe itself: not the paper's setting
+    rows_runs = [
+        (claim_row("lenet", "dfp", acc_delta=(-0.40, 0.1)), None),  # Δ within 0.5 of the paper's -0.43
+        (claim_row("vgg13", "dfp", acc_delta=(-2.0, 0.3), time_saving_pct=(12.0, 5.0, 13.0),
+                   compute_saving_pct=12.0), None),  # Δ outside; time 4.6 from the paper's 7.4, inside our interval
+        (claim_row("vgg16", "dfp", acc_delta=(-0.30, 0.1), time_saving_pct=(2.0, 1.5, 2.5),
+                   compute_saving_pct=12.0), None),  # time outside: 2.0 against 7.56
+        (claim_row("resnet34", "dfp", acc_delta=(0.0, 0.1), time_saving_pct=(-5.0, -8.0, -2.0),
+                   compute_saving_pct=12.0), None),  # slower while doing less work: noise, not outside
+        (claim_row("wrn10", "dfp", lower_lr, acc_delta=(-0.30, 0.1)), lower_lr),  # counts, deviation shown
+        (claim_row("vgg19", "dfp", everywhere, acc_delta=(-0.05, 0.1)), everywhere),  # does not count
+        (claim_row("vgg11", "wus", study="wus", acc_delta=(-0.70, 0.2), time_saving_pct=(57.0, 56.0, 58.0),
+                   compute_saving_pct=70.0, updated_params_reduction_pct=(73.0, 2.0)), None),  # all three within
+    ]  # fmt: skip
+    summary = [row for row, _ in rows_runs]
+    runs = [run_of(row, recipe) for row, recipe in rows_runs]
+    text, (table, _) = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    verdicts = {(r[2], r[3], r[4]): r[12] for r in table.rows if r[1] == "cifar10"}  # model, method, claim
+    assert verdicts["lenet", "dfp", "accuracy Δ (points)"] == "within tolerance"
+    assert verdicts["lenet", "dfp", "time saved %"] == "not yet run"  # its row has no time saving
+    assert verdicts["vgg13", "dfp", "accuracy Δ (points)"] == "outside tolerance"
+    assert verdicts["vgg13", "dfp", "time saved %"] == "within noise"
+    assert verdicts["vgg16", "dfp", "time saved %"] == "outside tolerance"
+    assert verdicts["resnet34", "dfp", "time saved %"] == "within noise"
+    assert verdicts["wrn10", "dfp", "accuracy Δ (points)"] == "within tolerance"
+    assert verdicts["vgg19", "dfp", "accuracy Δ (points)"] == "not yet run"  # trained, not at the paper's setting
+    assert verdicts["resnet18", "dfp", "accuracy Δ (points)"] == "not yet run"
+    for claim in ("accuracy Δ (points)", "time saved %", "updated-parameter reduction %"):
+        assert verdicts["vgg11", "wus", claim] == "within tolerance"
+    assert {r[12] for r in table.rows if r[1] == "cifar100"} == {"CIFAR-100 unavailable"}
+    assert len(table.rows) == 68
+    wrn10 = next(r for r in table.rows if r[2] == "wrn10" and r[4] == "accuracy Δ (points)")
+    assert wrn10[11] == "lr 0.05 for wrn10 (recipes.dfp.per_model; paper: 0.1)"
+    assert "**11 of 68 published claims run, 7 within tolerance** (2 within noise, 2 outside tolerance, 33 not yet " \
+           "run, 24 CIFAR-100 unavailable)." in text  # fmt: skip
+    assert "Ledger runs not at the paper's setting, not counted: dfp cifar10/vgg19/dfp (lr 0.05 (paper: 0.1))" in text
