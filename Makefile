@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench
+.PHONY: quickstart test lint bench server
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# an MLflow tracking server for a team (README: beyond one machine); HOST=0.0.0.0 to serve other machines
+server: $(BIN)/.installed
+	$(BIN)/python -m cheaptrain.server --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),5000)
 
 # every speed claim of the README's Measured section, one script after another (about 5 minutes on 2 CPU cores);
 # the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared

@@ -1,8 +1,11 @@
 """DVC stage `train_<study>`: train one configuration of the grid and log it to MLflow.
 
 Reads params sections `train`, `recipes.<study>` and `methods.<method>`; writes runs/<study>/<run name>/.
-Checks every run of `grid` first, so that a typo anywhere fails in seconds, not hours into `dvc repro`;
-`--check` does only that. An interrupted run resumes from its checkpoint when run again.
+Checks every run of `grid` first (params, and what only a run tells: the training-set size, the model's layers, the
+schedule over its epochs), so that a mistake anywhere fails in seconds, not hours into `dvc repro`; `--check` does
+only that. An interrupted run resumes from its checkpoint when run again. `--no-mlflow` trains without tracking
+(a machine without MLflow does so by itself): the outputs and, with `train.ledger: record`, the ledger entry are
+written all the same.
 """
 
 import argparse
@@ -27,14 +30,15 @@ def main() -> None:
     parser.add_argument("--method", help="baseline or a method of src/cheaptrain/methods")
     parser.add_argument("--seed", type=int, help="random seed of the run")
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
-    parser.add_argument("--check", action="store_true", help="only check the params of every run of the grid")
+    parser.add_argument("--check", action="store_true", help="only check every run of the grid, then exit")
+    parser.add_argument("--no-mlflow", action="store_true", help="train without logging to MLflow")
     args = parser.parse_args()
     run = (args.study, args.dataset, args.model, args.method, args.seed)
     if not args.check and None in run:
         parser.error("--study, --dataset, --model, --method and --seed are required (unless --check)")
 
     from cheaptrain.config import load_params, resolve_run, validate_grid
-    from cheaptrain.runner import train_run
+    from cheaptrain.runner import keep_freed_memory, train_run
 
     params = load_params(args.params)
     validate_grid(params)
@@ -42,9 +46,10 @@ def main() -> None:
         print(f"{args.params}: every run of the grid has valid params")
         return
     cfg = resolve_run(params, *run)
+    keep_freed_memory()  # this process only trains
     signal.signal(signal.SIGTERM, terminate)
     try:
-        final = train_run(cfg)
+        final = train_run(cfg, track=not args.no_mlflow)
     except KeyboardInterrupt:
         sys.exit(130)  # the runner said where the checkpoint is
     print(

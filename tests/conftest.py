@@ -21,7 +21,7 @@ BIN = Path(sys.executable).parent  # the venv running the tests: its dvc and pyt
 
 def synthetic_split(n: int, num_classes: int = 10, seed: int = 0):
     """Random images whose mean colour carries the label: learnable in a few epochs by any model."""
-    from cheaptrain.prepare import Split
+    from cheaptrain.data import Split
 
     palette = np.random.default_rng(12345).integers(0, 256, (num_classes, 3))  # the same in every split
     rng = np.random.default_rng(seed)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cheaptrain.methods import Method, register
+from cheaptrain.methods.base import Method, register
 
 
 class Stateful(Method):

@@ -1,13 +1,14 @@
 """Params: learning-rate schedules, resolution of every grid run, and clear errors for bad input."""
 
 import copy
+from typing import ClassVar
 
 import pytest
 import yaml
 
-from cheaptrain import UserError
+from cheaptrain import ConfigError, Param, UserError
 from cheaptrain.aggregate import grid_runs
-from cheaptrain.config import ConfigError, Recipe, load_params, resolve_run
+from cheaptrain.config import Recipe, load_params, resolve_run
 from cheaptrain.methods import METHODS, Method
 
 from conftest import REPO
@@ -142,17 +143,28 @@ BAD = [  # (change to params, run overrides, text the error must contain)
     (("recipes.wus.step_size", 200), {"study": "wus"}, "recipes.wus.step_size: 200 never changes the lr"),
     (("recipes.dfp.gamma", 0), {}, "recipes.dfp.gamma: 0 is invalid; accepted: a number in (0, 1]"),
     (("recipes.dfp.weight_decay", -1), {}, "recipes.dfp.weight_decay: -1 is invalid; accepted: a number >= 0"),
-    (("train.amp", "yes"), {}, "train.amp: 'yes' is invalid; accepted: true or false"),
-    (("methods.ranged", {"fraction": 1.5}), {"method": "ranged"}, "methods.ranged.fraction: 1.5 is out of range"),
-]
+    (("train.amp", "yes"), {}, "train.amp: 'yes' is invalid; accepted: auto | bf16 | off"),
+    (("train.threads", 0), {}, "train.threads: 0 is invalid; accepted: auto | a positive integer"),
+    (("train.ledger", "keep"), {}, "train.ledger: 'keep' is invalid; accepted: ignore | record | retrain"),
+    (("methods.ranged", {"fraction": 1.5}), {"method": "ranged"}, "methods.ranged.fraction: 1.5 is invalid; accepted"),
+    (("recipes.dfp.per_model", {"lenet": {"lr": -1}}), {}, "recipes.dfp.per_model.lenet.lr: -1 is invalid; accepted"),
+    (("recipes.dfp.per_model", {"lenet": {"rate": 1}}), {}, "recipes.dfp.per_model.lenet.rate: unknown setting"),
+    (("recipes.dfp.per_model", {"lenet": 0.02}), {}, "recipes.dfp.per_model: {'lenet': 0.02} is invalid"),
+    (("methods", None), {}, "methods: missing; accepted: a mapping of method name to its parameters"),
+    (("methods.dfp", "x"), {"method": "dfp"}, "methods.dfp: 'x'; accepted: a mapping of its parameters"),
+    # what only the run tells: the training-set size, the model's layers, the schedule over its epochs
+    (("methods.dfp", {"prune_num": 50000}), {"method": "dfp"}, "methods.dfp.prune_num: 50000 prunes 50000 of the"),
+    (("methods.wus", {"bias_layers": 10000}), {"study": "wus", "method": "wus"}, "bias_layers: 10000 exceeds the 5"),
+    (("methods.dfp", {"starting_point": 19, "attenuation": 1, "block": 2, "count": 1}), {"method": "dfp"},
+     "methods.dfp: the schedule plans no pruning epoch in this run's 200 epochs"),
+]  # fmt: skip
 
 
 class Ranged(Method):
-    """A method with a parameter that has a range, as DFP's and WUS's have: it checks its own parameters."""
+    """A method with a parameter that has a range, as DFP's and WUS's have, declared the one way all methods do."""
 
-    def __init__(self, fraction: float = 0.5) -> None:
-        if not 0 < fraction < 1:
-            raise ConfigError([f"methods.ranged.fraction: {fraction} is out of range; accepted: a number in (0, 1)"])
+    name = "ranged"
+    PARAMS: ClassVar[dict[str, Param]] = {"fraction": Param(0.5, lambda v: 0 < v < 1, "a number in (0, 1)")}
 
 
 @pytest.fixture(autouse=True)
@@ -167,6 +179,34 @@ def test_bad_params_fail_before_any_work_with_a_clear_error(change, run, expecte
     with pytest.raises(ConfigError) as info:
         resolve_run(params, **args)
     assert expected in str(info.value)
+
+
+def test_a_negative_epochs_is_one_problem_not_two():
+    with pytest.raises(ConfigError) as info:
+        resolve_run(with_change("recipes.dfp.epochs", -1), "dfp", "cifar10", "lenet", "baseline", 0)
+    assert info.value.problems == ["recipes.dfp.epochs: -1 is invalid; accepted: a positive integer"]
+
+
+def test_a_method_missing_from_params_is_named_not_defaulted():
+    params = copy.deepcopy(PARAMS)
+    del params["methods"]["dfp"]
+    with pytest.raises(ConfigError, match=r"methods.dfp: missing; accepted: a mapping of its parameters"):
+        resolve_run(params, "dfp", "cifar10", "lenet", "dfp", 0)
+
+
+def test_per_model_settings_apply_to_their_model_only():
+    params = with_change("recipes.dfp.per_model", {"lenet": {"lr": 0.02}})
+    assert resolve_run(params, "dfp", "cifar10", "lenet", "baseline", 0).recipe.lr == 0.02
+    assert resolve_run(params, "dfp", "cifar10", "resnet18", "baseline", 0).recipe.lr == 0.1
+
+
+def test_the_training_set_size_comes_from_the_prepared_data_when_there_is_one(tmp_path, monkeypatch):
+    (tmp_path / "data/prepared/cifar10").mkdir(parents=True)
+    (tmp_path / "data/prepared/cifar10/manifest.json").write_text('{"splits": {"train": {"count": 300}}}')
+    monkeypatch.chdir(tmp_path)
+    params = with_change("methods.dfp", {"prune_num": 300})
+    with pytest.raises(ConfigError, match="prune_num: 300 prunes 300 of the 300 training samples"):
+        resolve_run(params, "dfp", "cifar10", "lenet", "dfp", 0)
 
 
 def test_every_problem_is_reported_at_once():

@@ -11,12 +11,15 @@ import pytest
 import torch
 import yaml
 
-from cheaptrain.config import ConfigError, Recipe, RunConfig, load_params, resolve_run
+from cheaptrain import ConfigError
+from cheaptrain.config import Recipe, RunConfig, load_params, resolve_run
 from cheaptrain.methods import RunContext, create_method
-from cheaptrain.methods.dfp import DEFAULTS, DataFinePruning, paper_pruning_epochs, schedule
+from cheaptrain.methods.dfp import DataFinePruning, paper_pruning_epochs, schedule
 from cheaptrain.trainer import fit
 
 from conftest import REPO, read_csv, synthetic_split
+
+DEFAULTS = {k: p.default for k, p in DataFinePruning.PARAMS.items()}
 
 PARAMS = load_params(REPO / "params.yaml")
 QUICK = dict(window=5, starting_point=3, attenuation=2.0, block=2, count=1, prune_num=0.3)
@@ -332,11 +335,10 @@ def test_every_problem_is_reported_at_once_and_random_prune_names_its_own_sectio
         ({"window": 20, "starting_point": 10}, "methods.dfp: the schedule plans no pruning epoch in this run's 5"),
     ],
 )
-def test_what_needs_the_run_fails_in_setup_before_the_first_epoch(params, expected):
+def test_what_needs_the_run_is_checked_before_any_work(params, expected):
     method = create_method("dfp", params)
-    with pytest.raises(ConfigError, match="invalid params") as info:
-        method.setup(RunContext(None, 300, 5, torch.device("cpu"), 0, lambda epoch: 0.1))
-    assert expected in str(info.value)
+    problems = method.check_run(RunContext(None, 300, 5, torch.device("cpu"), 0, lambda epoch: 0.1))
+    assert any(expected in p for p in problems), problems
 
 
 def test_random_prune_is_the_same_yaml_node_as_dfp_and_dvc_set_param_keeps_it_so(tmp_path):

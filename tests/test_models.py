@@ -1,15 +1,13 @@
 """Tests for the CIFAR model registry: parameter counts, shapes, conventions, option validation."""
 
-import copy
 from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cheaptrain import UserError
-from cheaptrain.models import MODELS, Conv2dNCHWInputGrad, MaxPool2x2, count_parameters, create_model, register
+from cheaptrain.models import MODELS, count_parameters, create_model, register
 
 ALL_MODELS = sorted(MODELS)
 
@@ -104,128 +102,6 @@ def test_channels_last_gives_the_same_logits(name: str) -> None:
     torch.testing.assert_close(out_cl, out, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["lenet", "alexnet"])
-def test_pooling_before_relu_is_bitwise_the_textbook_order(name: str) -> None:
-    """LeNet and AlexNet pool before their ReLU (cheaper); max-pool and ReLU commute, gradients included."""
-    model = _build(name)
-    textbook = copy.deepcopy(model)
-    layers = [nn.MaxPool2d(2) if isinstance(layer, MaxPool2x2) else layer for layer in textbook.features]
-    for i, layer in enumerate(layers[:-1]):  # and PyTorch's own pooling
-        if isinstance(layer, nn.MaxPool2d) and isinstance(layers[i + 1], nn.ReLU):
-            layers[i], layers[i + 1] = layers[i + 1], layer
-    assert [type(m) for m in layers] != [type(m) for m in model.features]
-    textbook.features = nn.Sequential(*layers)
-    x = torch.randn(8, 3, 32, 32)
-    outputs = [m(x) for m in (model, textbook)]
-    for out in outputs:
-        out.square().sum().backward()
-    assert torch.equal(outputs[0], outputs[1])
-    for (name_a, a), (_, b) in zip(model.named_parameters(), textbook.named_parameters(), strict=True):
-        assert torch.equal(a.grad, b.grad), name_a
-
-
-@pytest.mark.parametrize("channels_last", [True, False])
-@pytest.mark.parametrize("shape", [(16, 6, 28, 28), (4, 3, 7, 9), (6, 5, 4)])
-def test_maxpool2x2_is_pytorchs_max_pool(shape: tuple[int, ...], channels_last: bool) -> None:
-    """The same output and input gradient as F.max_pool2d(x, 2), ties included (they go to a window's first
-    maximum), odd sizes (the last row or column dropped) and unbatched input; channels_last stays so. NaN
-    propagates; where its gradient goes does not matter (the trainer stops at a NaN loss)."""
-    torch.manual_seed(0)
-    x = torch.randn(shape).mul(1.5).round()  # many ties within windows, as in flat image regions
-    x[..., 0, :4] = float("nan")  # NaN wins, as in PyTorch
-    if channels_last and x.dim() == 4:
-        x = x.to(memory_format=torch.channels_last)
-    outputs, grads = [], []
-    for pool in (MaxPool2x2(), nn.MaxPool2d(2)):
-        leaf = x.clone().requires_grad_()
-        out = pool(leaf)
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
-        outputs.append(out)
-        grads.append(leaf.grad)
-    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0, equal_nan=True)
-    finite = x.isfinite().unfold(-2, 2, 2).unfold(-2, 2, 2).flatten(-2).all(-1)  # windows without NaN
-    finite = finite.repeat_interleave(2, -1).repeat_interleave(2, -2)
-    finite = F.pad(finite, (0, x.shape[-1] % 2, 0, x.shape[-2] % 2), value=True)  # odd edges: zero gradient
-    torch.testing.assert_close(grads[0][finite], grads[1][finite], rtol=0, atol=0)
-    assert grads[0].stride() == x.stride()
-    assert outputs[0].is_contiguous(memory_format=torch.channels_last) == (channels_last and x.dim() == 4)
-    ties = x.unfold(-2, 2, 2).unfold(-2, 2, 2).flatten(-2)  # the windows
-    assert ((ties == ties.amax(-1, keepdim=True)).sum(-1) > 1).any(), "the input should have tied windows"
-
-
-def test_maxpool2x2_leaves_other_devices_to_pytorch() -> None:
-    with torch.device("meta"):
-        assert MaxPool2x2()(torch.empty(2, 6, 28, 28)).shape == (2, 6, 14, 14)
-
-
-def _conv_pass(conv: nn.Conv2d, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Output, and the input's, weight's and bias's gradients, after a backward of a fixed random gradient."""
-    conv.zero_grad(set_to_none=True)
-    leaf = x.clone().requires_grad_()
-    out = conv(leaf)
-    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
-    return out, leaf.grad, conv.weight.grad, conv.bias.grad if conv.bias is not None else None
-
-
-@pytest.mark.parametrize("channels_last", [True, False])
-@pytest.mark.parametrize(
-    "options",
-    [{}, {"stride": 2, "padding": 1, "dilation": 2, "groups": 2, "bias": False}, {"stride": (1, 2), "padding": (2, 1)}],
-)
-def test_conv2d_nchw_input_grad_is_pytorchs_conv(options: dict, channels_last: bool) -> None:
-    """nn.Conv2d's output and weight and bias gradients, bitwise; its input gradient up to float rounding, in the
-    input's memory format."""
-    torch.manual_seed(0)
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    ours = Conv2dNCHWInputGrad(6, 16, 5, **options).to(memory_format=layout)
-    pytorchs = nn.Conv2d(6, 16, 5, **options).to(memory_format=layout)
-    pytorchs.load_state_dict(ours.state_dict())
-    x = torch.randn(8, 6, 14, 14).to(memory_format=layout)
-    out, grad_x, grad_weight, grad_bias = _conv_pass(ours, x)
-    ref_out, ref_grad_x, ref_grad_weight, ref_grad_bias = _conv_pass(pytorchs, x)
-    assert type(out.grad_fn).__name__ == "_Conv2dNCHWInputGradBackward"  # the path under test was taken
-    assert torch.equal(out, ref_out)
-    assert torch.equal(grad_weight, ref_grad_weight)
-    assert (grad_bias is None) == ("bias" in options) and (grad_bias is None or torch.equal(grad_bias, ref_grad_bias))
-    torch.testing.assert_close(grad_x, ref_grad_x)
-    assert grad_x.is_contiguous(memory_format=layout)
-
-
-def test_conv2d_nchw_input_grad_gradcheck() -> None:
-    """Input, weight and bias gradients against finite differences (float64), strided, padded, dilated, grouped."""
-    conv = Conv2dNCHWInputGrad(4, 6, 3, stride=2, padding=1, dilation=2, groups=2).double()
-    x = torch.randn(2, 4, 9, 11, dtype=torch.double, requires_grad=True)
-
-    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        out = torch.func.functional_call(conv, {"weight": weight, "bias": bias}, (x,))
-        assert type(out.grad_fn).__name__ == "_Conv2dNCHWInputGradBackward"
-        return out
-
-    assert torch.autograd.gradcheck(forward, (x, conv.weight, conv.bias))
-
-
-def test_conv2d_nchw_input_grad_leaves_the_rest_to_pytorch() -> None:
-    """An input that needs no gradient (LeNet's first layer, WUS's frozen ones), unbatched input and other devices
-    take nn.Conv2d's path; frozen weights still get the input's gradient, and nothing for themselves."""
-    torch.manual_seed(0)
-    conv = Conv2dNCHWInputGrad(6, 16, 5)
-    assert type(conv(torch.randn(2, 6, 14, 14)).grad_fn).__name__ == "ConvolutionBackward0"
-    unbatched = conv(torch.randn(6, 14, 14, requires_grad=True))
-    assert unbatched.shape == (16, 10, 10)
-    assert type(unbatched.grad_fn.next_functions[0][0]).__name__ == "ConvolutionBackward0"  # under a squeeze
-    with torch.device("meta"):
-        assert Conv2dNCHWInputGrad(6, 16, 5)(torch.empty(2, 6, 14, 14, requires_grad=True)).shape == (2, 16, 10, 10)
-    pytorchs = nn.Conv2d(6, 16, 5)
-    pytorchs.load_state_dict(conv.state_dict())
-    x = torch.randn(2, 6, 14, 14)
-    _, ref_grad_x, _, _ = _conv_pass(pytorchs, x)
-    conv.requires_grad_(False)
-    out, grad_x, grad_weight, grad_bias = _conv_pass(conv, x)
-    assert type(out.grad_fn).__name__ == "_Conv2dNCHWInputGradBackward"
-    assert grad_weight is None and grad_bias is None
-    torch.testing.assert_close(grad_x, ref_grad_x)
-
-
 @pytest.mark.parametrize("name", ALL_MODELS)
 @pytest.mark.parametrize("num_classes", [10, 100])
 def test_last_module_with_parameters_is_the_classifier(name: str, num_classes: int) -> None:
@@ -306,14 +182,14 @@ def test_unknown_model_names_the_accepted_ones() -> None:
 @pytest.mark.parametrize(
     ("name", "kwargs", "expected_in_message"),
     [
-        ("resnet18", {"batch_norm": False}, ["'batch_norm'", "'resnet18' accepts no options"]),
-        ("vgg16", {"bn": False}, ["'bn'", "'vgg16'", "batch_norm (default True)"]),
-        ("vgg16", {"batch_norm": "no"}, ["batch_norm must be true or false", "'vgg16'"]),
-        ("wrn16", {"widen_factor": 0}, ["widen_factor must be an integer >= 1", "'wrn16'", "dropout"]),
-        ("wrn16", {"widen_factor": 2.5}, ["widen_factor", "widen_factor (default 8)"]),
-        ("wrn16", {"widen_factor": True}, ["widen_factor"]),
-        ("wrn22", {"dropout": 1.0}, ["dropout must be a number in [0, 1)", "'wrn22'"]),
-        ("wrn10", {"depth": 28}, ["'depth'", "widen_factor (default 8)", "dropout (default 0.0)"]),
+        ("resnet18", {"batch_norm": False}, ["model resnet18.batch_norm: unknown parameter (accepted: none)"]),
+        ("vgg16", {"bn": False}, ["model vgg16.bn: unknown parameter (accepted: batch_norm)"]),
+        ("vgg16", {"batch_norm": "no"}, ["model vgg16.batch_norm: 'no' is invalid; accepted: true or false"]),
+        ("wrn16", {"widen_factor": 0}, ["model wrn16.widen_factor: 0 is invalid; accepted: an integer >= 1"]),
+        ("wrn16", {"widen_factor": 2.5}, ["model wrn16.widen_factor: 2.5 is invalid"]),
+        ("wrn16", {"widen_factor": True}, ["model wrn16.widen_factor: True is invalid"]),
+        ("wrn22", {"dropout": 1.0}, ["model wrn22.dropout: 1.0 is invalid; accepted: a number in [0, 1)"]),
+        ("wrn10", {"depth": 28}, ["model wrn10.depth: unknown parameter (accepted: widen_factor, dropout)"]),
     ],
 )
 def test_bad_options_name_the_accepted_ones(
@@ -338,4 +214,4 @@ def test_two_classes_is_enough() -> None:
 def test_registering_a_name_twice_fails() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         register("lenet")(lambda num_classes: nn.Linear(1, num_classes))
-    assert MODELS["lenet"](10).__class__.__name__ == "LeNet"
+    assert MODELS["lenet"].factory(10).__class__.__name__ == "LeNet"

@@ -1,15 +1,96 @@
-"""The package root's small helpers, shared by the stages and the benchmark scripts."""
+"""The package as a whole: its modules import without a cycle, each DVC stage depends on exactly the code it
+imports, and the root's small helpers behave."""
 
 import argparse
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cheaptrain import positive_int
+from cheaptrain.runner import code_version, imported_files
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "cheaptrain"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The cheaptrain modules a file imports anywhere in it (deferred imports too), by module name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n.split(".")[0] == "cheaptrain"}
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    return {n for n in found if n in modules}
+
+
+def test_the_modules_import_each_other_without_a_cycle():
+    graph = {module_name(p): imports_of(p) - {module_name(p)} for p in PACKAGE.rglob("*.py")}
+    # a package's __init__ may import its own submodules (methods registers each); any other cycle is a bug
+    graph = {m: {d for d in deps if not d.startswith(f"{m}.")} for m, deps in graph.items()}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            pytest.fail(f"import cycle: {' -> '.join([*path[path.index(module) :], module])}")
+        if module in done:
+            return
+        for dep in sorted(graph.get(module, ())):
+            visit(dep, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
+    modules = sorted(module_name(p) for p in PACKAGE.rglob("*.py"))
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
+    for module in modules:  # each alone: one that only imports after another would fail here
+        done = subprocess.run([sys.executable, "-c", code, module], capture_output=True, text=True)
+        assert done.returncode == 0, f"{module}: {done.stderr[-2000:]}"
+
+
+def stage_code(script: Path) -> set[str]:
+    """The package files a stage script reads: its imports, closed over the package."""
+    files: set[Path] = set()
+    for module in imports_of(script):
+        files |= set(imported_files(module))
+    return {p.relative_to(REPO).as_posix() for p in files}
+
+
+@pytest.mark.parametrize("stage", ["download", "train_dfp", "train_wus", "aggregate", "check"])
+def test_each_stage_depends_on_exactly_the_code_it_imports(stage):
+    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
+    script = REPO / spec["cmd"].split()[1]
+    deps = set()
+    for dep in spec["deps"]:
+        path = REPO / dep
+        if dep.startswith("src/cheaptrain"):
+            deps |= {p.relative_to(REPO).as_posix() for p in path.rglob("*.py")} if path.is_dir() else {dep}
+    assert deps == stage_code(script)
+    assert script.relative_to(REPO).as_posix() in spec["deps"]
+
+
+def test_the_code_version_of_a_method_is_the_trainers_code_and_its_own_module():
+    assert code_version("dfp") == code_version("random_prune")  # one module, one class the other's base
+    assert code_version("wus") != code_version("dfp") != code_version("baseline")
+    trainer_code = {p.name for p in imported_files("cheaptrain.trainer")}
+    assert {"trainer.py", "models.py", "data.py", "config.py", "cost.py"} <= trainer_code
+    assert not {"tracking.py", "runner.py", "ledger.py", "report.py"} & trainer_code
 
 
 def test_positive_int_accepts_counts_and_rejects_the_rest_as_a_usage_error():
@@ -19,7 +100,7 @@ def test_positive_int_accepts_counts_and_rejects_the_rest_as_a_usage_error():
             positive_int(text)
 
 
-@pytest.mark.parametrize("script", ["loader", "layers", "malloc", "dfp", "wus"])
+@pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus"])
 def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(script):
     option = {"malloc": "--rounds", "wus": "--batches"}.get(script, "--repeats")
     result = subprocess.run(

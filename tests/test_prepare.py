@@ -22,14 +22,8 @@ import pytest
 from PIL import Image
 
 from cheaptrain import UserError, prepare
-from cheaptrain.prepare import (
-    DATASETS,
-    DataError,
-    load_split,
-    prepare_dataset,
-    resolve_source,
-    write_prepared,
-)
+from cheaptrain.data import DataError, load_split
+from cheaptrain.prepare import DATASETS, prepare_dataset, resolve_source, write_prepared
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 PER_CLASS = {"train": 3, "test": 2}

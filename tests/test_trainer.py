@@ -117,20 +117,22 @@ def test_resuming_from_an_epoch_state_gives_the_uninterrupted_result():
 
 def test_final_metrics_use_both_papers_accuracy_measures():
     history = [
-        {"test_acc": a, "epoch_train_s": 1.0, "eval_s": 0.5, "trained_samples": 10} for a in (50, 70, 60, 65, 55)
+        {"test_acc": a, "epoch_train_s": 1.0, "eval_s": 0.5, "trained_samples": 10, "train_flops": 7}
+        for a in (50, 70, 60, 65, 55)
     ]
     final = final_metrics(history)
     assert final["final_acc"] == 55
     assert final["best_acc"] == 70
     assert final["best3_acc"] == pytest.approx((70 + 65 + 60) / 3)
     assert final["train_time_s"] == 5.0 and final["eval_time_s"] == 2.5
+    assert final["total_train_flops"] == 35 and final["total_trained_samples"] == 50
 
 
 # LeNet steps (channels_last, a new batch each) in a fresh process: the page faults of the last 30 steps.
 _FAULTS_SCRIPT = """
 import resource, sys, torch, torch.nn.functional as F
 from cheaptrain.models import create_model
-from cheaptrain.trainer import keep_freed_memory
+from cheaptrain.runner import keep_freed_memory
 if sys.argv[1] == "keep":
     keep_freed_memory()
 torch.manual_seed(0)

@@ -1,9 +1,16 @@
-"""Cheaper CIFAR training: Data Fine-Pruning and Weight Update Skipping, reproduced."""
+"""Cheaper CIFAR training: Data Fine-Pruning and Weight Update Skipping, reproduced.
 
+The package root holds what every module may import without importing another: the error types, atomic writes, and
+`Param`, the one way methods and models declare and validate their parameters.
+"""
+
+import argparse
 import math
 import os
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +19,16 @@ class UserError(Exception):
     """A problem with the user's input or environment: stages print its message, not a traceback."""
 
 
+class ConfigError(UserError):
+    """Bad params: one line per problem, each naming the key and what it accepts."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid params:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
 def run_main(main: Callable[[], None]) -> None:
     """Run a stage's main(): a UserError exits with its message and status 2 instead of a traceback."""
-    import sys
-
     try:
         main()
     except UserError as e:
@@ -50,8 +63,6 @@ def is_number(value: Any) -> bool:
 
 def positive_int(text: str) -> int:
     """argparse type of a count (repeats, epochs, batches): an integer >= 1, or a usage error, not a traceback."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
@@ -59,3 +70,28 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not accepted: an integer >= 1")
     return value
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared parameter: its default, the test a value must pass, and what it accepts (for the error line)."""
+
+    default: Any
+    valid: Callable[[Any], bool]
+    accepted: str
+
+
+def check_params(
+    key: str, declared: Mapping[str, Param], given: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The declared parameters with `given` over their defaults, and the problems by name (one line each, under
+    `key`): an unknown name, or a value that fails its test."""
+    accepted = ", ".join(declared) or "none"
+    problems = {k: f"{key}.{k}: unknown parameter (accepted: {accepted})" for k in given if k not in declared}
+    values = {k: p.default for k, p in declared.items()} | {k: v for k, v in given.items() if k in declared}
+    problems |= {
+        k: f"{key}.{k}: {values[k]!r} is invalid; accepted: {p.accepted}"
+        for k, p in declared.items()
+        if k in given and not p.valid(values[k])
+    }
+    return values, problems

@@ -15,19 +15,14 @@ from typing import Any
 
 import yaml
 
-from cheaptrain import UserError, is_int, is_number
+from cheaptrain import ConfigError, UserError, is_int, is_number
 
 DATASETS = {"cifar10": 10, "cifar100": 100}  # name -> number of classes
+TRAIN_SIZES = {"cifar10": 50_000, "cifar100": 50_000}  # training images, for checks before the data is prepared
 SCHEDULES = ("multistep", "step", "cosine")
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
-
-
-class ConfigError(UserError):
-    """Bad params: one line per problem, each naming the key and what it accepts."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid params:\n" + "\n".join(f"  - {p}" for p in problems))
+AMP = ("auto", "bf16", "off")  # auto: bf16 autocast on CUDA, none on CPU (slower there on most CPUs)
+LEDGER_MODES = ("ignore", "record", "retrain")  # see ledger.py (not "off": YAML reads it as false)
 
 
 @dataclass(frozen=True)
@@ -46,6 +41,7 @@ class Recipe:
     step_size: int = 0  # step: the lr is multiplied by gamma every step_size epochs
     augment: bool = True  # random crop (4-pixel padding) + horizontal flip
     model_args: dict[str, dict[str, Any]] = field(default_factory=dict)  # per model, e.g. {vgg16: {batch_norm: false}}
+    per_model: dict[str, dict[str, Any]] = field(default_factory=dict)  # recipe settings of one model: a deviation
 
     def lr_at(self, epoch: int) -> float:
         """Learning rate of epoch `epoch` (1-based): milestone 60 means epochs 1-60 at lr, 61 onwards at lr*gamma."""
@@ -66,11 +62,14 @@ class RunConfig:
     recipe: Recipe
     method_args: dict[str, Any] = field(default_factory=dict)
     model_args: dict[str, Any] = field(default_factory=dict)
+    # how it runs: recorded with the run; a ledger entry is matched on the fields above (experiment()), not these
     device: str = "auto"
-    amp: bool = True  # bf16 autocast, CUDA only
+    amp: str = "auto"  # bf16 autocast: auto (on CUDA only) | bf16 (on any device) | off
     channels_last: bool = True  # NHWC memory layout, on any device
     compile: bool = False
     eval_batch_size: int = 1000
+    threads: int | str = "auto"  # CPU threads: auto (a fair share of the cores, see trainer.py) | a number
+    ledger: str = "ignore"  # ignore | record | retrain (ledger.py)
     data_root: str = "data/prepared"
     runs_root: str = "runs"
 
@@ -93,9 +92,16 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def experiment(self) -> dict[str, Any]:
+        """What the run trains, whatever machine trains it: the identity of a ledger entry."""
+        keys = ("study", "dataset", "model", "method", "seed", "recipe", "method_args", "model_args")
+        return {k: v for k, v in self.to_dict().items() if k in keys}
+
     def fingerprint(self) -> str:
-        """Hash of everything that determines the run's results: a checkpoint resumes only the same run."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        """Hash of everything that decides the run's results (the ledger mode does not): a checkpoint resumes only
+        the same run."""
+        settings = {k: v for k, v in self.to_dict().items() if k != "ledger"}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
@@ -111,14 +117,28 @@ def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     return params
 
 
-def validate_recipe(name: str, raw: Any) -> tuple[Recipe | None, list[str]]:
-    """Check `recipes.<name>`; return the recipe (None when unusable) and one line per problem."""
+def validate_recipe(name: str, raw: Any, model: str | None = None) -> tuple[Recipe | None, list[str]]:
+    """Check `recipes.<name>` as it trains `model` (its `per_model` settings applied); return the recipe (None when
+    unusable) and one line per problem, each under the key that set the value."""
     key = f"recipes.{name}"
     if not isinstance(raw, dict):
         return None, [f"{key}: must be a mapping of recipe settings"]
-    problems = []
+    per_model = raw.get("per_model") or {}
+    if not (isinstance(per_model, dict) and all(isinstance(v, dict) for v in per_model.values())):
+        return None, [f"{key}.per_model: {per_model!r} is invalid; accepted: a mapping of model name to settings"]
+    override = per_model.get(model, {})
+    raw = raw | override
+
+    def where(k: str) -> str:
+        return f"{key}.per_model.{model}.{k}" if k in override else f"{key}.{k}"
+
     known = set(Recipe.__dataclass_fields__)
-    problems += [f"{key}.{k}: unknown setting (accepted: {', '.join(sorted(known))})" for k in raw if k not in known]
+    problems = [f"{where(k)}: unknown setting (accepted: {', '.join(sorted(known))})" for k in raw if k not in known]
+    problems += [
+        f"{where(k)}: not a setting of one model (accepted: any other recipe setting)"
+        for k in override
+        if k in ("per_model", "model_args")
+    ]
     required = ["epochs", "batch_size", "lr", "momentum", "weight_decay", "nesterov", "schedule"]
     problems += [f"{key}.{k}: missing" for k in required if k not in raw]
     if problems:
@@ -126,7 +146,7 @@ def validate_recipe(name: str, raw: Any) -> tuple[Recipe | None, list[str]]:
 
     def check(k: str, ok: bool, accepted: str) -> None:
         if k in raw and not ok:
-            problems.append(f"{key}.{k}: {raw[k]!r} is invalid; accepted: {accepted}")
+            problems.append(f"{where(k)}: {raw[k]!r} is invalid; accepted: {accepted}")
 
     check("epochs", is_int(raw["epochs"]) and raw["epochs"] > 0, "a positive integer")
     check("batch_size", is_int(raw["batch_size"]) and raw["batch_size"] > 0, "a positive integer")
@@ -144,40 +164,86 @@ def validate_recipe(name: str, raw: Any) -> tuple[Recipe | None, list[str]]:
         "a mapping of model name to keyword arguments, e.g. {vgg16: {batch_norm: false}}",
     )
     if raw["nesterov"] is True and raw["momentum"] == 0:
-        problems.append(f"{key}.nesterov: Nesterov momentum needs momentum > 0")
-    epochs = raw["epochs"] if is_int(raw["epochs"]) else None
+        problems.append(f"{where('nesterov')}: Nesterov momentum needs momentum > 0")
+    epochs = raw["epochs"] if is_int(raw["epochs"]) and raw["epochs"] > 0 else None
     if raw["schedule"] == "multistep":
         ms = raw.get("milestones")
         if not isinstance(ms, list) or not all(is_int(m) for m in ms) or ms != sorted(set(ms)):
-            problems.append(f"{key}.milestones: {ms!r} is invalid; accepted: increasing epoch numbers")
+            problems.append(f"{where('milestones')}: {ms!r} is invalid; accepted: increasing epoch numbers")
         elif epochs and any(not 1 <= m < epochs for m in ms):
-            problems.append(f"{key}.milestones: {ms} lie outside the run; accepted: epochs in [1, {epochs - 1}]")
+            problems.append(f"{where('milestones')}: {ms} lie outside the run; accepted: epochs in [1, {epochs - 1}]")
     if raw["schedule"] == "step":
-        s = raw.get("step_size")
-        if not (is_int(s) and s > 0):
-            problems.append(f"{key}.step_size: {s!r} is invalid; accepted: a positive integer (epochs)")
-        elif epochs and s >= epochs:
-            problems.append(f"{key}.step_size: {s} never changes the lr in a {epochs}-epoch run; accepted: < {epochs}")
+        step = raw.get("step_size")
+        if not (is_int(step) and step > 0):
+            problems.append(f"{where('step_size')}: {step!r} is invalid; accepted: a positive integer (epochs)")
+        elif epochs and step >= epochs:
+            problems.append(
+                f"{where('step_size')}: {step} never changes the lr in a {epochs}-epoch run; accepted: < {epochs}"
+            )
     if problems:
         return None, problems
     values = dict(raw)
     values["milestones"] = tuple(values.get("milestones", ()))
     values["model_args"] = dict(values.get("model_args") or {})
+    values["per_model"] = {model: override} if override else {}  # its own only: another model's is not its recipe
     return Recipe(**values), []
 
 
+TRAIN_SETTINGS = {  # train.<key>: (default, valid?, accepted)
+    "device": ("auto", lambda v: v in ("auto", "cpu", "cuda") or (isinstance(v, str) and v.startswith("cuda:")),
+               " | ".join(DEVICES)),
+    "amp": ("auto", lambda v: v in AMP, " | ".join(AMP)),
+    "channels_last": (True, lambda v: isinstance(v, bool), "true or false"),
+    "compile": (False, lambda v: isinstance(v, bool), "true or false"),
+    "eval_batch_size": (1000, lambda v: is_int(v) and v > 0, "a positive integer"),
+    "threads": ("auto", lambda v: v == "auto" or (is_int(v) and v > 0), "auto | a positive integer"),
+    "ledger": ("ignore", lambda v: v in LEDGER_MODES, " | ".join(LEDGER_MODES)),
+}  # fmt: skip
+
+
+def train_settings(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Params `train` with defaults, and one line per problem."""
+    train = params.get("train") or {}
+    if not isinstance(train, dict):
+        return {}, ["train: accepted: a mapping of settings"]
+    problems = [
+        f"train.{k}: unknown setting (accepted: {', '.join(sorted(TRAIN_SETTINGS))})"
+        for k in train
+        if k not in TRAIN_SETTINGS
+    ]
+    values = {k: train.get(k, default) for k, (default, _, _) in TRAIN_SETTINGS.items()}
+    problems += [
+        f"train.{k}: {values[k]!r} is invalid; accepted: {accepted}"
+        for k, (_, valid, accepted) in TRAIN_SETTINGS.items()
+        if not valid(values[k])
+    ]
+    return values, problems
+
+
+def train_size(data_root: str, dataset: str) -> int:
+    """Training images of `dataset`: the prepared data's manifest when there is one, else the dataset's own size."""
+    manifest = Path(data_root) / dataset / "manifest.json"
+    try:
+        return int(json.loads(manifest.read_text())["splits"]["train"]["count"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return TRAIN_SIZES[dataset]
+
+
 def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, method: str, seed: int) -> RunConfig:
-    """The full configuration of one run, validated: raises ConfigError listing every problem found."""
-    from cheaptrain.methods import METHODS, create_method  # late: methods import torch
-    from cheaptrain.models import MODELS
+    """The full configuration of one run, validated before any work: raises ConfigError listing every problem found,
+    including what only the run tells (the training-set size, the model's layers, the schedule over its epochs)."""
+    import torch
+
+    from cheaptrain.methods import METHODS, RunContext, create_method
+    from cheaptrain.models import MODELS, check_options, create_model
 
     problems: list[str] = []
     recipes = params.get("recipes") or {}
+    recipe = None
     if study not in recipes:
         problems.append(f"study {study!r}: no recipes.{study} in params (accepted: {', '.join(recipes) or 'none'})")
-        recipe = None
     else:
-        recipe, found = validate_recipe(study, recipes[study])
+        recipe, found = validate_recipe(study, recipes[study], model)
         problems += found
     if dataset not in DATASETS:
         problems.append(f"dataset {dataset!r}: unknown (accepted: {', '.join(DATASETS)})")
@@ -187,37 +253,33 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         problems.append(f"method {method!r}: unknown (accepted: {', '.join(METHODS)})")
     if not is_int(seed) or seed < 0:
         problems.append(f"seed {seed!r}: accepted: an integer >= 0")
+    train, found = train_settings(params)
+    problems += found
 
-    train = params.get("train") or {}
-    known = {"device", "amp", "channels_last", "compile", "eval_batch_size"}
-    problems += [f"train.{k}: unknown setting (accepted: {', '.join(sorted(known))})" for k in train if k not in known]
-    device = train.get("device", "auto")
-    if not (device in ("auto", "cpu", "cuda") or (isinstance(device, str) and device.startswith("cuda:"))):
-        problems.append(f"train.device: {device!r} is invalid; accepted: {' | '.join(DEVICES)}")
-    for k in ("amp", "channels_last", "compile"):
-        if not isinstance(train.get(k, True), bool):
-            problems.append(f"train.{k}: {train[k]!r} is invalid; accepted: true or false")
-    ebs = train.get("eval_batch_size", 1000)
-    if not (is_int(ebs) and ebs > 0):
-        problems.append(f"train.eval_batch_size: {ebs!r} is invalid; accepted: a positive integer")
     model_args = recipe.model_args.get(model, {}) if recipe else {}
-
-    method_args = (params.get("methods") or {}).get(method) or {}
-    if method in METHODS:
+    if model_args and model in MODELS:
+        problems += check_options(model, model_args, f"recipes.{study}.model_args.{model}")
+    methods = params.get("methods")
+    method_args: Any = None
+    if not isinstance(methods, dict):
+        problems.append("methods: missing; accepted: a mapping of method name to its parameters, e.g. {baseline: {}}")
+    elif method in METHODS:
+        method_args = methods.get(method, "missing")
+        if method_args is None:
+            method_args = {}  # `dfp:` with nothing after it: every default
         if not isinstance(method_args, dict):
-            problems.append(f"methods.{method}: accepted: a mapping of the method's parameters")
-        else:
-            try:  # each method checks its own parameters
-                create_method(method, method_args)
-            except ConfigError as e:
-                problems += e.problems
-    if model_args and model in MODELS and dataset in DATASETS:
-        try:  # building the model is the one complete check of its keyword arguments
-            from cheaptrain.models import create_model
+            shown = "missing" if method not in methods else repr(method_args)
+            problems.append(f"methods.{method}: {shown}; accepted: a mapping of its parameters ({{}}: the defaults)")
+    if problems:
+        raise ConfigError(problems)
 
-            create_model(model, DATASETS[dataset], **model_args)
-        except UserError as e:
-            problems.append(f"recipes.{study}.model_args.{model}: {e}")
+    instance = create_method(method, method_args)  # raises ConfigError for its own parameters
+    with torch.device("meta"):  # the model's structure, without allocating its weights
+        structure = create_model(model, DATASETS[dataset], **model_args)
+    data_root = "data/prepared"
+    context = RunContext(structure, train_size(data_root, dataset), recipe.epochs, torch.device("meta"), seed,
+                         recipe.lr_at)  # fmt: skip
+    problems = instance.check_run(context)
     if problems:
         raise ConfigError(problems)
     return RunConfig(
@@ -229,11 +291,14 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         recipe=recipe,
         method_args=dict(method_args),
         model_args=dict(model_args),
-        device=device,
-        amp=train.get("amp", True),
-        channels_last=train.get("channels_last", True),
-        compile=train.get("compile", False),
-        eval_batch_size=ebs,
+        device=train["device"],
+        amp=train["amp"],
+        channels_last=train["channels_last"],
+        compile=train["compile"],
+        eval_batch_size=train["eval_batch_size"],
+        threads=train["threads"],
+        ledger=train["ledger"],
+        data_root=data_root,
     )
 
 

@@ -1,4 +1,5 @@
-"""The training data lives on the training device as one uint8 tensor; batches are gathered by index.
+"""Prepared data: read from data/prepared/<dataset>/ (written by prepare.py), then held on the training device as
+one uint8 tensor from which batches are gathered by index.
 
 No DataLoader, no workers: random crop (4-pixel zero padding, as torchvision's RandomCrop(32, padding=4) on the
 PIL image) and horizontal flip are gathers over the whole batch from images stored already padded (see crop()),
@@ -9,13 +10,84 @@ its seed.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cheaptrain.prepare import Split
+from cheaptrain import UserError
 
+SPLITS = ("train", "test")
+IMAGE_SHAPE = (32, 32, 3)
 PAD = 4
+
+
+class DataError(UserError):
+    """The data source or the prepared data is unusable; the message says what is wrong and what to do."""
+
+
+def describe_error(error: BaseException) -> str:
+    """The error on one line: messages are printed as one paragraph (tarfile's span several lines)."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+@dataclass
+class Split:
+    images: np.ndarray  # uint8 [N, 32, 32, 3] (HWC, RGB)
+    labels: np.ndarray  # int64 [N]
+    classes: list[str]
+
+
+def load_split(prepared_dir: Path, split: str) -> Split:
+    """Load one split written by `write_prepared`; DataError if the folder is missing or incomplete."""
+    prepared_dir = Path(prepared_dir)
+    if split not in SPLITS:
+        raise DataError(f"Unknown split {split!r}: expected one of {', '.join(SPLITS)}.")
+    manifest_path, path = prepared_dir / "manifest.json", prepared_dir / f"{split}.npz"
+    missing = [p.name for p in (manifest_path, path) if not p.is_file()]
+    if missing:
+        raise DataError(
+            f"{prepared_dir} holds no complete prepared data (missing: {', '.join(missing)}). "
+            "Run the download stage first (dvc repro download)."
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        with np.load(path, allow_pickle=False) as npz:
+            images, labels, classes = npz["images"], npz["labels"], [str(c) for c in npz["classes"]]
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise DataError(
+            f"Cannot read the prepared data in {prepared_dir} ({describe_error(e)}). Run the "
+            "download stage again (dvc repro download --force)."
+        ) from e
+    count = manifest.get("splits", {}).get(split, {}).get("count") if isinstance(manifest, dict) else None
+    if (
+        images.dtype != np.uint8
+        or images.shape[1:] != IMAGE_SHAPE
+        or labels.shape != (len(images),)
+        or count != len(images)
+    ):
+        raise DataError(
+            f"{path} does not match its manifest ({images.dtype} {images.shape}, {labels.shape} "
+            f"labels, manifest count {count}). Run the download stage again "
+            "(dvc repro download --force)."
+        )
+    return Split(images=images, labels=labels.astype(np.int64, copy=False), classes=classes)
+
+
+def prepared_digest(prepared_dir: Path) -> str:
+    """A digest of the prepared arrays (both splits' files, written deterministically): the same data, the same
+    digest, whichever archive or path it was prepared from."""
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        with open(Path(prepared_dir) / f"{split}.npz", "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 class DeviceData:

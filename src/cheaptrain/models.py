@@ -17,25 +17,8 @@ wrn16        10,961,370  WRN-16-8, matches the reference code (11.0M in the WRN 
 wrn22        17,158,106  WRN-22-8
 =========  ============  ============================================================================
 
-Choices the papers leave open:
-
-- AlexNet (Weight Update Skipping paper, unspecified): the widely used CIFAR AlexNet of
-  bearpaw/pytorch-classification: convs 64(k11, s4, p5)-192(k5)-384-256-256(k3), max-pools after the
-  1st, 2nd and 5th conv, so a 32x32 image ends as 256x1x1, then a single Linear classifier (the
-  ImageNet 4096-wide FC layers are dropped). No BatchNorm, all layers with bias.
-- WRN widen factor (Data Fine-Pruning paper, unspecified): 8. Its Table 1 puts WRN-10/16/22 at
-  3 h 24 min / 5 h 8 min / 6 h 53 min against 1277 s for ResNet-18 and 3931 s for ResNet-50. Thin
-  WRNs (k=1: 0.01-0.04 GMAC per image, 0.08M-0.27M params) would train faster than ResNet-18 (0.56 GMAC),
-  and its WRN-16 accuracy (94.2%) is beyond a thin net, so only a wide one fits. No k makes the times
-  proportional to FLOPs (WRN-10-8 costs 0.64 GMAC, about ResNet-18's), so k is not pinned down; k=8 is a
-  standard configuration of the WRN paper (WRN-16-8) and keeps WRN-10/16/22 at 4.8M/11.0M/17.2M params
-  and 0.64/1.55/2.45 GMAC. ``widen_factor`` and ``dropout`` are options.
-- VGG convs keep their bias even before BatchNorm, as in kuangliu's code: that is what gives VGG-16 its
-  published 14,728,266 parameters, and the WUS paper's VGG-11 convs appear to have biases ("2359296 weights and
-  512 biases" for its 8th layer). ResNet/WRN convs have no bias, as in their references. Under BN a conv
-  bias gets a ~0 gradient in training (BN subtracts the batch mean), so a bias-only update should go
-  to the BN shift. The WUS paper mentions BatchNorm only for ResNet-18, which suggests its VGGs ran
-  with ``batch_norm=False``.
+The papers leave the AlexNet variant, the WRN widen factor and the VGG conv biases open: docs/models.md argues
+each choice. Options (``model_args`` in a recipe) are declared with their register() call.
 
 Conventions (Weight Update Skipping relies on them): submodules are defined in forward order, so
 ``modules()`` / ``named_parameters()`` visit layers in data-flow order (a residual shortcut comes after
@@ -43,87 +26,55 @@ the main branch of its block); the last module with parameters is the classifier
 every model also exposes as ``model.classifier``.
 """
 
-import inspect
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import FunctionCtx
 
-from cheaptrain import UserError
+from cheaptrain import ConfigError, Param, UserError, check_params, is_int, is_number
 
 __all__ = ["MODELS", "count_parameters", "create_model", "register"]
 
-ModelFactory = Callable[..., nn.Module]
-_F = TypeVar("_F", bound=ModelFactory)
 
-MODELS: dict[str, ModelFactory] = {}
+@dataclass(frozen=True)
+class ModelEntry:
+    factory: Callable[..., nn.Module]  # factory(num_classes, **options)
+    options: dict[str, Param] = field(default_factory=dict)
 
 
-def register(name: str) -> Callable[[_F], _F]:
-    """Add a factory ``f(num_classes, *, option=default, ...)`` to MODELS under ``name``."""
+MODELS: dict[str, ModelEntry] = {}
 
-    def decorator(factory: _F) -> _F:
+
+def register(name: str, **options: Param) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Add ``factory(num_classes, **options)`` to MODELS under ``name``, with its declared options."""
+
+    def decorator(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in MODELS:
             raise ValueError(f"model {name!r} is registered twice")
-        MODELS[name] = factory
+        MODELS[name] = ModelEntry(factory, options)
         return factory
 
     return decorator
 
 
-def _options(factory: ModelFactory) -> dict[str, object]:
-    """The keyword-only options of a factory, with their defaults."""
-    return {
-        p.name: p.default
-        for p in inspect.signature(factory).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+def check_options(name: str, options: dict[str, object], key: str) -> list[str]:
+    """One line per problem with the options of model ``name`` (unknown names, bad values), under ``key``."""
+    return list(check_params(key, MODELS[name].options, options)[1].values())
 
 
-def _describe_options(name: str) -> str:
-    options = _options(MODELS[name])
-    if not options:
-        return f"model {name!r} accepts no options"
-    listed = ", ".join(f"{key} (default {value!r})" for key, value in options.items())
-    return f"model {name!r} accepts: {listed}"
-
-
-def _invalid(model: str, message: str) -> UserError:
-    return UserError(f"{message}; {_describe_options(model)}")
-
-
-def _check_int(model: str, option: str, value: object, minimum: int) -> int:
-    # bool is an int subclass, but widen_factor=True is surely a mistake.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _invalid(model, f"{option} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_bool(model: str, option: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise _invalid(model, f"{option} must be true or false, got {value!r}")
-    return value
-
-
-def _check_probability(model: str, option: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
-        raise _invalid(model, f"{option} must be a number in [0, 1), got {value!r}")
-    return float(value)
-
-
-def create_model(name: str, num_classes: int, **kwargs: object) -> nn.Module:
+def create_model(name: str, num_classes: int, **options: object) -> nn.Module:
     """Build the registered model ``name`` with a ``num_classes``-way classifier and fresh weights."""
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}; accepted models: {', '.join(MODELS)}")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+    if not is_int(num_classes) or num_classes < 2:
         raise UserError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-    unknown = [key for key in kwargs if key not in _options(MODELS[name])]
-    if unknown:
-        raise _invalid(name, f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r}")
-    return MODELS[name](num_classes, **kwargs)
+    values, problems = check_params(f"model {name}", MODELS[name].options, options)
+    if problems:
+        raise ConfigError(list(problems.values()))
+    return MODELS[name].factory(num_classes, **values)
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -144,115 +95,16 @@ def _kaiming_init(model: nn.Module) -> None:
 # LeNet-5 and AlexNet: no BatchNorm, PyTorch default init as in their references.
 
 
-class MaxPool2x2(nn.Module):
-    """nn.MaxPool2d(2) in elementwise ops, for few channels on the CPU: the same output and gradient.
-
-    PyTorch's CPU pooling kernel vectorises over channels, which LeNet's first pool (6 channels) hardly fills; this
-    takes about half its time (benchmarks/layers.py). Forward: the max of each pair of columns, then of each pair of
-    rows. Backward gives each window's gradient to its first maximum in row-major order, as PyTorch does, so
-    training is bitwise the same (a loser's zero gradient may carry a minus sign, which no sum downstream sees).
-    Elsewhere PyTorch's own kernel is as fast or faster: other devices, and wider layers.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
-            return F.max_pool2d(x, 2)
-        h, w = x.shape[-2:]
-        return _MaxPool2x2.apply(x[..., : h - h % 2, : w - w % 2])  # an odd last row or column is dropped
-
-
-class _MaxPool2x2(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: FunctionCtx, x: torch.Tensor) -> torch.Tensor:
-        cols = _pair_max(x, -1)
-        ctx.save_for_backward(x, cols)
-        return _pair_max(cols, -2)
-
-    @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
-        x, cols = ctx.saved_tensors
-        return _pair_grad(x, _pair_grad(cols, grad, -2), -1)
-
-
-def _pair_max(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """The max of each pair of neighbours along `dim` (negative, so that the pair dim lands at `dim`)."""
-    first, second = x.unflatten(dim, (-1, 2)).unbind(dim)
-    return torch.maximum(first, second)
-
-
-def _pair_grad(x: torch.Tensor, grad: torch.Tensor, dim: int) -> torch.Tensor:
-    """The gradient at `x` of _pair_max(x, dim), given `grad` at its output; a tie goes to the first of a pair."""
-    first, second = x.unflatten(dim, (-1, 2)).unbind(dim)
-    x_grad = torch.empty_like(x)  # with x's strides: channels_last stays channels_last
-    to_first, to_second = x_grad.unflatten(dim, (-1, 2)).unbind(dim)
-    torch.gt(second, first, out=to_second)  # 1.0 where the second wins, else 0.0
-    to_second.mul_(grad)
-    torch.sub(grad, to_second, out=to_first)
-    return x_grad
-
-
-class Conv2dNCHWInputGrad(nn.Conv2d):
-    """nn.Conv2d whose input gradient, on the CPU, is computed on NCHW tensors.
-
-    oneDNN's channels_last kernel for the input gradient is slow with few channels: for LeNet's second conv (6 -> 16
-    channels on 14 x 14) it takes 1.6-2.3x the NCHW kernel's time. With this layer the conv's forward and backward
-    take 0.84-0.89x of nn.Conv2d's time, and a LeNet training step 0.97-0.99x (benchmarks/layers.py). The forward
-    and the weight and bias gradients are nn.Conv2d's own, bitwise; the input gradient is the same up to float
-    rounding, and keeps the input's memory format. Wider layers lose with it (16 -> 32 channels: 2-4x slower), so
-    only LeNet uses it. Other devices, and an input that needs no gradient, take nn.Conv2d's path.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            x.device.type != "cpu"
-            or x.dim() != 4  # unbatched
-            or not x.requires_grad
-            or self.padding_mode != "zeros"
-            or isinstance(self.padding, str)
-        ):
-            return super().forward(x)
-        return _Conv2dNCHWInputGrad.apply(
-            x, self.weight, self.bias, (self.stride, self.padding, self.dilation, self.groups)
-        )
-
-
-class _Conv2dNCHWInputGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv: tuple
-    ) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.conv, ctx.bias_sizes = conv, None if bias is None else list(bias.shape)
-        return F.conv2d(x, weight, bias, *conv)
-
-    @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight = ctx.saved_tensors
-        stride, padding, dilation, groups = ctx.conv
-        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-        grad_x = grad_weight = grad_bias = None
-        if needs_x:
-            grad_x = torch.nn.grad.conv2d_input(x.shape, weight.contiguous(), grad.contiguous(), *ctx.conv)
-            if x.is_contiguous(memory_format=torch.channels_last):
-                grad_x = grad_x.contiguous(memory_format=torch.channels_last)
-        if needs_weight or needs_bias:  # nn.Conv2d's own kernel, on the tensors as they are
-            _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-                grad, x, weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
-                [False, needs_weight, needs_bias],
-            )  # fmt: skip
-        return grad_x, grad_weight, grad_bias, None
-
-
 class LeNet(nn.Module):
     def __init__(self, num_classes: int) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 6, kernel_size=5),  # 32 -> 28
-            MaxPool2x2(),  # -> 14; pooling before the ReLU is the same function, with 4x less ReLU work
             nn.ReLU(inplace=True),
-            Conv2dNCHWInputGrad(6, 16, kernel_size=5),  # -> 10
+            nn.MaxPool2d(2),  # -> 14
+            nn.Conv2d(6, 16, kernel_size=5),  # -> 10
+            nn.ReLU(inplace=True),
             nn.MaxPool2d(2),  # -> 5
-            nn.ReLU(inplace=True),
         )
         self.hidden = nn.Sequential(
             nn.Linear(16 * 5 * 5, 120),
@@ -272,18 +124,18 @@ class AlexNet(nn.Module):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=5),  # 32 -> 8
-            nn.MaxPool2d(2),  # -> 4; pooling before the ReLU, as in LeNet
             nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),  # -> 4
             nn.Conv2d(64, 192, kernel_size=5, padding=2),
-            nn.MaxPool2d(2),  # -> 2
             nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),  # -> 2
             nn.Conv2d(192, 384, kernel_size=3, padding=1),
             nn.ReLU(inplace=True),
             nn.Conv2d(384, 256, kernel_size=3, padding=1),
             nn.ReLU(inplace=True),
             nn.Conv2d(256, 256, kernel_size=3, padding=1),
-            nn.MaxPool2d(2),  # -> 1
             nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),  # -> 1
         )
         self.classifier = nn.Linear(256, num_classes)
 
@@ -291,14 +143,8 @@ class AlexNet(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
-@register("lenet")
-def lenet(num_classes: int) -> nn.Module:
-    return LeNet(num_classes)
-
-
-@register("alexnet")
-def alexnet(num_classes: int) -> nn.Module:
-    return AlexNet(num_classes)
+register("lenet")(LeNet)
+register("alexnet")(AlexNet)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,28 +182,8 @@ class VGG(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
-def _vgg(name: str, num_classes: int, batch_norm: object) -> nn.Module:
-    return VGG(_VGG_CFGS[name], num_classes, _check_bool(name, "batch_norm", batch_norm))
-
-
-@register("vgg11")
-def vgg11(num_classes: int, *, batch_norm: bool = True) -> nn.Module:
-    return _vgg("vgg11", num_classes, batch_norm)
-
-
-@register("vgg13")
-def vgg13(num_classes: int, *, batch_norm: bool = True) -> nn.Module:
-    return _vgg("vgg13", num_classes, batch_norm)
-
-
-@register("vgg16")
-def vgg16(num_classes: int, *, batch_norm: bool = True) -> nn.Module:
-    return _vgg("vgg16", num_classes, batch_norm)
-
-
-@register("vgg19")
-def vgg19(num_classes: int, *, batch_norm: bool = True) -> nn.Module:
-    return _vgg("vgg19", num_classes, batch_norm)
+for _name, _layers in _VGG_CFGS.items():
+    register(_name, batch_norm=Param(True, lambda v: isinstance(v, bool), "true or false"))(partial(VGG, _layers))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -442,19 +268,9 @@ class ResNet(nn.Module):
         return self.classifier(torch.flatten(self.pool(out), 1))
 
 
-@register("resnet18")
-def resnet18(num_classes: int) -> nn.Module:
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
-
-
-@register("resnet34")
-def resnet34(num_classes: int) -> nn.Module:
-    return ResNet(BasicBlock, [3, 4, 6, 3], num_classes)
-
-
-@register("resnet50")
-def resnet50(num_classes: int) -> nn.Module:
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
+register("resnet18")(partial(ResNet, BasicBlock, [2, 2, 2, 2]))
+register("resnet34")(partial(ResNet, BasicBlock, [3, 4, 6, 3]))
+register("resnet50")(partial(ResNet, Bottleneck, [3, 4, 6, 3]))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -512,25 +328,9 @@ class WideResNet(nn.Module):
         return self.classifier(torch.flatten(self.pool(out), 1))
 
 
-def _wrn(name: str, depth: int, num_classes: int, widen_factor: object, dropout: object) -> nn.Module:
-    return WideResNet(
-        depth,
-        num_classes,
-        widen_factor=_check_int(name, "widen_factor", widen_factor, minimum=1),
-        dropout=_check_probability(name, "dropout", dropout),
-    )
-
-
-@register("wrn10")
-def wrn10(num_classes: int, *, widen_factor: int = 8, dropout: float = 0.0) -> nn.Module:
-    return _wrn("wrn10", 10, num_classes, widen_factor, dropout)
-
-
-@register("wrn16")
-def wrn16(num_classes: int, *, widen_factor: int = 8, dropout: float = 0.0) -> nn.Module:
-    return _wrn("wrn16", 16, num_classes, widen_factor, dropout)
-
-
-@register("wrn22")
-def wrn22(num_classes: int, *, widen_factor: int = 8, dropout: float = 0.0) -> nn.Module:
-    return _wrn("wrn22", 22, num_classes, widen_factor, dropout)
+WRN_OPTIONS = {
+    "widen_factor": Param(8, lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    "dropout": Param(0.0, lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+}
+for _depth in (10, 16, 22):
+    register(f"wrn{_depth}", **WRN_OPTIONS)(partial(WideResNet, _depth))

@@ -34,16 +34,10 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from cheaptrain import UserError
+from cheaptrain.data import IMAGE_SHAPE, SPLITS, DataError, describe_error
 
-SPLITS = ("train", "test")
 URL_PREFIXES = ("http://", "https://", "file://")
 DOWNLOAD_TIMEOUT_S = 60
-IMAGE_SHAPE = (32, 32, 3)
-
-
-class DataError(UserError):
-    """The data source or the prepared data is unusable; the message says what is wrong and what to do."""
 
 
 @dataclass(frozen=True)
@@ -102,13 +96,6 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 
 Splits = dict[str, tuple[np.ndarray, np.ndarray]]
-
-
-@dataclass
-class Split:
-    images: np.ndarray  # uint8 [N, 32, 32, 3] (HWC, RGB)
-    labels: np.ndarray  # int64 [N]
-    classes: list[str]
 
 
 def _info(dataset: str) -> DatasetInfo:
@@ -199,7 +186,8 @@ def _from_torchvision(info: DatasetInfo, cache_dir: Path, expected: str | None) 
     except Exception as e:  # URLError, timeouts, torchvision's RuntimeError on a failed md5 check, ...
         raise DataError(
             f"torchvision could not download or verify the official {info.filename} from {info.url} into "
-            f"{cache_dir} ({_describe(e)}). The machine may be offline or the site unreachable. " + _local_hint(info)
+            f"{cache_dir} ({describe_error(e)}). The machine may be offline or the site unreachable. "
+            + _local_hint(info)
         ) from e
     finally:
         socket.setdefaulttimeout(previous_timeout)
@@ -267,17 +255,12 @@ def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None
         tmp.replace(dest)
     except (OSError, http.client.HTTPException, ValueError) as e:
         raise DataError(
-            f"Could not download {url} ({_describe(e)}). The machine may be offline, or "
+            f"Could not download {url} ({describe_error(e)}). The machine may be offline, or "
             f"the URL is wrong. {_local_hint(info)}"
         ) from e
     finally:
         tmp.unlink(missing_ok=True)
     return dest
-
-
-def _describe(error: BaseException) -> str:
-    """The error on one line: messages are printed as one paragraph (tarfile's span several lines)."""
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def _digests(path: Path) -> tuple[str, str]:
@@ -352,7 +335,7 @@ def _archive_files(path: Path, progress: bool) -> dict[str, bytes]:
         NotImplementedError,
     ) as e:
         raise DataError(
-            f"Cannot read {path} as a tar or zip archive ({_describe(e)}): it is not an "
+            f"Cannot read {path} as a tar or zip archive ({describe_error(e)}): it is not an "
             "archive, or it is truncated or corrupt. Replace it with a complete copy and run "
             "again."
         ) from e
@@ -433,7 +416,7 @@ def _decode_image(path: Path, name: str, data: bytes) -> np.ndarray:
                 return np.asarray(image)
     except Exception as e:  # PIL raises many types on corrupt data (OSError, SyntaxError, struct.error, ...)
         raise DataError(
-            f"{path}: cannot decode the image {name} ({_describe(e)}). The archive is "
+            f"{path}: cannot decode the image {name} ({describe_error(e)}). The archive is "
             "corrupt: replace it with a good copy."
         ) from e
     raise DataError(
@@ -483,7 +466,7 @@ def _parse_official(info: DatasetInfo, path: Path, files: dict[str, bytes]) -> t
     except (pickle.UnpicklingError, EOFError, KeyError, IndexError, TypeError, ValueError) as e:
         raise DataError(
             f"{path} looks like the official {info.filename}, but its contents are unexpected "
-            f"({_describe(e)}). Replace it with the official archive."
+            f"({describe_error(e)}). Replace it with the official archive."
         ) from e
     return out, classes
 
@@ -596,39 +579,3 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-def load_split(prepared_dir: Path, split: str) -> Split:
-    """Load one split written by `write_prepared`; DataError if the folder is missing or incomplete."""
-    prepared_dir = Path(prepared_dir)
-    if split not in SPLITS:
-        raise DataError(f"Unknown split {split!r}: expected one of {', '.join(SPLITS)}.")
-    manifest_path, path = prepared_dir / "manifest.json", prepared_dir / f"{split}.npz"
-    missing = [p.name for p in (manifest_path, path) if not p.is_file()]
-    if missing:
-        raise DataError(
-            f"{prepared_dir} holds no complete prepared data (missing: {', '.join(missing)}). "
-            "Run the download stage first (dvc repro download)."
-        )
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        with np.load(path, allow_pickle=False) as npz:
-            images, labels, classes = npz["images"], npz["labels"], [str(c) for c in npz["classes"]]
-    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as e:
-        raise DataError(
-            f"Cannot read the prepared data in {prepared_dir} ({_describe(e)}). Run the "
-            "download stage again (dvc repro download --force)."
-        ) from e
-    count = manifest.get("splits", {}).get(split, {}).get("count") if isinstance(manifest, dict) else None
-    if (
-        images.dtype != np.uint8
-        or images.shape[1:] != IMAGE_SHAPE
-        or labels.shape != (len(images),)
-        or count != len(images)
-    ):
-        raise DataError(
-            f"{path} does not match its manifest ({images.dtype} {images.shape}, {labels.shape} "
-            f"labels, manifest count {count}). Run the download stage again "
-            "(dvc repro download --force)."
-        )
-    return Split(images=images, labels=labels.astype(np.int64, copy=False), classes=classes)

@@ -3,26 +3,34 @@
 Outputs of run `<study>/<dataset>-<model>-<method>-s<seed>` under `runs/`:
     history.csv   one row per epoch (every per-epoch metric)
     metrics.json  the final metrics (DVC metrics)
-    run.json      the resolved configuration, the MLflow run id, the tags
+    run.json      the resolved configuration and where the run came from: code, data, device, versions, MLflow run
 
 A checkpoint is written atomically after every epoch to `checkpoints/<study>/<name>-<fingerprint>.pt` at the
 repository root, outside the outputs (DVC deletes a stage's outputs before running it). Re-running an interrupted
 run resumes from it and continues the same MLflow run, which receives each epoch exactly once. The checkpoint is
-written before the epoch is logged, so the store is never ahead of it; it is deleted when the run completes.
-A checkpoint resumes only the run that wrote it: the file name carries the configuration's fingerprint, and one
-written by other training code, from other prepared data or on another kind of device is discarded (with a
-warning), as is an unreadable one. Of several processes training the same configuration at once, only the first
-uses the checkpoint (a lock file beside it).
+written before the epoch is logged, so the store is never ahead of it; it is deleted when the run completes, and
+when the run fails before its first epoch. A checkpoint resumes only the run that wrote it: the file name carries
+the configuration's fingerprint, and one written by other training code, from other prepared data or on another
+kind of device is discarded (with a warning), as is an unreadable one. Of several processes training the same
+configuration at once, only the first uses the checkpoint (a lock file beside it).
+
+With params `train.ledger: record` a finished run is also kept in the results ledger (ledger.py), and a run whose
+ledger entry matches is not trained again.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import csv
+import ctypes
 import fcntl
 import hashlib
+import inspect
 import io
 import json
+import os
+import platform
 import sys
 import time
 from collections.abc import Iterator
@@ -31,52 +39,118 @@ from typing import Any
 
 import torch
 
-from cheaptrain import atomic_write
+from cheaptrain import UserError, atomic_write
+from cheaptrain import ledger as ledger_
 from cheaptrain.config import RunConfig
-from cheaptrain.methods import create_method
-from cheaptrain.prepare import load_split
-from cheaptrain.tracking import RunTracker, project_root, run_tags
+from cheaptrain.data import load_split, prepared_digest
+from cheaptrain.methods import METHODS, create_method
+from cheaptrain.tracking import RunTracker, dataset_ref, device_name, git_commit, project_root, run_tags
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit, resolve_device
 
-# The package files that decide a run's results: the train stages' code deps in dvc.yaml (a test keeps them equal).
-TRAINING_CODE = (
-    "__init__.py",
-    "config.py",
-    "data.py",
-    "methods",
-    "models.py",
-    "prepare.py",
-    "runner.py",
-    "tracking.py",
-    "trainer.py",
-)
 IDENTITY_NAMES = {"config": "configuration", "code": "training code", "data": "prepared data", "device": "device"}
+
+
+def keep_freed_memory() -> None:
+    """Let glibc's malloc keep freed blocks for reuse instead of handing them back to the OS (a training stage's
+    process calls it at its start: the setting is process-wide; Linux with glibc only, else a no-op).
+
+    By default glibc maps every block over 128 KiB (a threshold it then raises and lowers as blocks come and go)
+    and unmaps it when freed, so each CPU training step faults its activations' pages in anew
+    (`benchmarks/malloc.py` measures the difference). Numbers are unchanged; only where memory comes from."""
+    if not sys.platform.startswith("linux"):
+        return
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc's, or musl's no-op
+    if mallopt is None:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest; a fixed value also stops it from moving
+    mallopt(m_trim_threshold, 1 << 30)  # keep up to 1 GiB of freed memory at the top of the heap
 
 
 def checkpoint_path(cfg: RunConfig) -> Path:
     return project_root() / "checkpoints" / cfg.study / f"{cfg.name}-{cfg.fingerprint()}.pt"
 
 
-def code_version() -> str:
-    """Hash of the training code (TRAINING_CODE), so that a checkpoint never mixes two versions in one run."""
+def imported_files(module: str) -> list[Path]:
+    """The source files of `module` and of every cheaptrain module it imports, directly or not, as the code reads
+    (import statements anywhere in a file, deferred ones too). A subpackage brings all its modules (`methods`
+    imports each of them); the package root is its __init__.py."""
     root = Path(__file__).parent
+
+    def files_of(name: str) -> list[Path]:
+        path = root.joinpath(*name.split(".")[1:])
+        if path == root:
+            return [root / "__init__.py"]
+        if path.is_dir():
+            return sorted(path.rglob("*.py"))
+        return [path.with_suffix(".py")] if path.with_suffix(".py").is_file() else []  # else: a name, not a module
+
+    seen: set[Path] = set()
+    todo = files_of(module)
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if name == "cheaptrain" or name.startswith("cheaptrain."):
+                    todo += files_of(name)
+    return sorted(seen)
+
+
+def code_version(method: str) -> str:
+    """Hash of the code that trains a run of `method`: trainer.py and what it imports (configuration, data, models,
+    costs), of the methods package only the modules that define this method's class and its bases; not the tracking
+    or the outputs around it. A checkpoint never mixes two versions in one run, and a ledger entry is reused only by
+    the code that would train it again (a method added beside it changes nothing)."""
+    root = Path(__file__).parent
+    methods_dir = root / "methods"
+    own = {Path(inspect.getfile(cls)) for cls in METHODS[method].__mro__ if cls.__module__.startswith("cheaptrain.")}
+    own.add(methods_dir / "__init__.py")
     digest = hashlib.sha256()
-    for entry in TRAINING_CODE:
-        files = sorted((root / entry).rglob("*.py")) if (root / entry).is_dir() else [root / entry]
-        for path in files:
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in [p for p in imported_files("cheaptrain.trainer") if p.parent != methods_dir or p in own]:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
 def identity(cfg: RunConfig) -> dict[str, str]:
     """What a checkpoint must match to be resumed."""
-    manifest = (cfg.data_dir / "manifest.json").read_bytes()  # names the source archive and its checksum
     return {
         "config": cfg.fingerprint(),
-        "code": code_version(),
-        "data": hashlib.sha256(manifest).hexdigest()[:16],
+        "code": code_version(cfg.method),
+        "data": prepared_digest(cfg.data_dir),
         "device": resolve_device(cfg.device).type,
     }
+
+
+def cpu_threads(setting: int | str) -> int:
+    """The CPU threads this process trains with: `setting`, or for "auto" its fair share of the cores among the
+    training processes of this repository running now (each holds a lock under checkpoints/, this one included).
+    Env CHEAPTRAIN_THREADS overrides both."""
+    if env := os.environ.get("CHEAPTRAIN_THREADS"):
+        if not env.isdigit() or int(env) < 1:
+            raise UserError(f"CHEAPTRAIN_THREADS={env!r} is invalid; accepted: a positive integer")
+        return int(env)
+    if setting != "auto":
+        return int(setting)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, running_trainings()))
+
+
+def running_trainings() -> int:
+    """Training processes of this repository that hold their checkpoint lock now."""
+    held = 0
+    for path in (project_root() / "checkpoints").glob("*/*.lock"):
+        with contextlib.suppress(OSError), open(path) as probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held += 1
+    return held
 
 
 @contextlib.contextmanager
@@ -125,80 +199,185 @@ def history_csv(history: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def train_run(cfg: RunConfig) -> dict[str, float]:
-    """Train one configuration (resuming from its checkpoint if one exists); returns its final metrics."""
-    started = time.perf_counter()
-    tracker = RunTracker(cfg.study)  # fails here, before any work, if the store is unusable
-    method = create_method(cfg.method, cfg.method_args)
-    train_split, test_split = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "test")
-    ckpt, ident = checkpoint_path(cfg), identity(cfg)
+class NoTracker:
+    """Stands in for RunTracker where MLflow is off: the run trains and writes its outputs, nothing is logged."""
+
+    run_id: str | None = None
+
+    def start(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
+    def note_resume(self, epoch: int) -> None: ...
+
+    def log_epoch(self, row: dict[str, Any]) -> None: ...
+
+    def finish(self, final: dict[str, float], artifacts: list[Path]) -> None: ...
+
+    def fail(self, status: str = "FAILED") -> None: ...
+
+    def abandon(self, run_id: str, reason: str) -> None: ...
+
+
+class Recorder:
+    """After each epoch: the checkpoint first, then the store, which never gets an epoch twice."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        ident: dict[str, str],
+        tracker: RunTracker | NoTracker,
+        owner: bool,
+        resume: dict[str, Any] | None,
+        logged: int,
+    ) -> None:
+        self.cfg, self.identity, self.tracker, self.owner = cfg, ident, tracker, owner
+        self.path = checkpoint_path(cfg)
+        self.started = time.perf_counter()
+        self.wall_before = resume["wall_s"] if resume else 0.0  # earlier attempts, up to their last checkpoint
+        self.done = len(resume["history"]) if resume else 0  # epochs checkpointed
+        self.logged = logged  # epochs the store holds
+
+    def wall_s(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
+
+    def save(self, state: dict[str, Any]) -> None:
+        if self.owner:
+            meta = {"identity": self.identity, "run_id": self.tracker.run_id, "wall_s": self.wall_s()}
+            save_checkpoint(self.path, state | meta)
+
+    def epoch_end(self, history: list[dict[str, Any]], state: dict[str, Any]) -> None:
+        self.save(state)
+        self.done = history[-1]["epoch"]
+        self.log_missing(history)
+
+    def log_missing(self, history: list[dict[str, Any]]) -> None:
+        """Log the epochs the store lacks (after a crash between a checkpoint and the store, those too)."""
+        for row in history:
+            if row["epoch"] > self.logged:
+                self.tracker.log_epoch(row)
+                self.logged = row["epoch"]
+
+    def kept(self) -> str:
+        if self.done and self.owner:
+            return f"the checkpoint of epoch {self.done} is kept in {self.path}"
+        return "no checkpoint is kept"
+
+    def discard(self) -> None:
+        """A run that failed before its first epoch leaves nothing behind."""
+        if self.owner and not self.done:
+            self.path.unlink(missing_ok=True)
+            self.path.with_suffix(".lock").unlink(missing_ok=True)
+
+
+def open_tracker(study: str, track: bool) -> RunTracker | NoTracker:
+    """The MLflow run tracker, checked now (before any work), or none when tracking is off."""
+    if not track:
+        return NoTracker()
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        print("warning: MLflow is not installed: this run is not tracked (its outputs and ledger entry are still "
+              "written; `python -m cheaptrain.ledger import` logs a ledger entry later)", file=sys.stderr)  # fmt: skip
+        return NoTracker()
+    return RunTracker(study)
+
+
+def run_info(cfg: RunConfig, run_id: str | None, data_digest: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """run.json: the configuration and everything needed to tell where the results came from."""
+    return {
+        "name": cfg.name,
+        "config": cfg.to_dict(),
+        "mlflow_run_id": run_id or "",
+        "code_version": code_version(cfg.method),
+        "git_commit": git_commit(),
+        "data_digest": data_digest,
+        "device": device_name(cfg.device),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "threads": sorted({row.get("threads") for row in history if row.get("threads")}),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_outputs(out: Path, history: list[dict[str, Any]], final: dict[str, float], info: dict[str, Any]) -> None:
+    atomic_write(out / "history.csv", history_csv(history))
+    atomic_write(out / "run.json", json.dumps(info, indent=2) + "\n")
+    atomic_write(out / "metrics.json", json.dumps(final, indent=2) + "\n")
+
+
+def train_run(cfg: RunConfig, track: bool = True) -> dict[str, float]:
+    """Train one configuration (resuming from its checkpoint if one exists, reusing its ledger entry if one
+    matches); returns its final metrics."""
+    if cfg.ledger == "record" and (entry := ledger_.find(cfg, code_version(cfg.method))) is not None:
+        return ledger_.reuse(entry, cfg, track)
+    tracker = open_tracker(cfg.study, track)  # fails here, before any work, if the store is unusable
+    ckpt = checkpoint_path(cfg)
     with checkpoint_owner(ckpt.with_suffix(".lock")) as owner:
-        resume, problem = read_checkpoint(ckpt, ident) if owner else (None, None)
-        if not owner:
-            print(
-                f"warning: {cfg.name}: another process is training the same configuration and holds its checkpoint "
-                f"{ckpt}; this one trains without checkpoints (it cannot resume if interrupted)",
-                file=sys.stderr,
-            )
-        if problem:
-            print(f"warning: {cfg.name}: discarding the checkpoint {ckpt}: {problem}; starting afresh", file=sys.stderr)
-            ckpt.unlink()
-            if resume:
-                tracker.abandon(resume["run_id"], f"its checkpoint was discarded: {problem}")
-            resume = None
-        elapsed_before = resume["wall_s"] if resume else 0.0
-        logged = tracker.start(cfg.name, cfg.to_dict(), run_tags(cfg.study, cfg.device), resume and resume["run_id"])
-        done = len(resume["history"]) if resume else 0
+        method = create_method(cfg.method, cfg.method_args)
+        train_split, test_split = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "test")
+        ident = identity(cfg)
+        resume = resume_state(cfg, ckpt, ident, owner, tracker)
+        logged = tracker.start(cfg.name, cfg.to_dict(), run_tags(cfg.study, cfg.device), resume and resume["run_id"],
+                               dataset=dataset_ref(cfg.data_dir))  # fmt: skip
+        recorder = Recorder(cfg, ident, tracker, owner, resume, logged)
         if resume:
-            print(f"{cfg.name}: resuming after epoch {done} ({ckpt}), MLflow run {tracker.run_id}", file=sys.stderr)
-            tracker.note_resume(done)
-            for row in resume["history"]:  # epochs checkpointed but not yet in the store (a crash between the two)
-                if row["epoch"] > logged:
-                    tracker.log_epoch(row)
-        elif owner:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
-            save_checkpoint(ckpt, {"identity": ident, "run_id": tracker.run_id, "wall_s": 0.0, "history": []})
-
-        def on_epoch_end(history: list[dict[str, Any]], state: dict[str, Any]) -> None:
-            nonlocal done
-            wall_s = elapsed_before + time.perf_counter() - started
-            if owner:
-                save_checkpoint(ckpt, state | {"identity": ident, "run_id": tracker.run_id, "wall_s": wall_s})
-            done = history[-1]["epoch"]
-            if done > logged:  # the store follows the checkpoint, and never gets an epoch twice
-                tracker.log_epoch(history[-1])
-
-        def kept() -> str:
-            return f"the checkpoint of epoch {done} is kept in {ckpt}" if done and owner else "no checkpoint is kept"
-
+            print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), MLflow run {tracker.run_id}",
+                  file=sys.stderr)  # fmt: skip
+            tracker.note_resume(recorder.done)
+            recorder.log_missing(resume["history"])
+        else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
+            recorder.save({"history": []})
+        torch.set_num_threads(cpu_threads(cfg.threads))  # after our lock: the others running now are counted
         try:
-            history = fit(cfg, train_split, test_split, method, resume if done else None, on_epoch_end)
+            history = fit(cfg, train_split, test_split, method, resume if recorder.done else None, recorder.epoch_end)
         except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
             tracker.fail("FAILED")
             raise TrainingDiverged(
-                f"{e} The MLflow run {tracker.run_id} is marked FAILED; {kept()}. Running again with the same params "
-                "diverges again; changed params start afresh."
+                f"{e} The MLflow run {tracker.run_id} is marked FAILED; {recorder.kept()}. Running again with the "
+                "same params diverges again; changed params start afresh."
             ) from None
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see stages/train.py)
             tracker.fail("KILLED")
-            again = "resume" if done and owner else "start over"
-            print(f"{cfg.name}: interrupted; {kept()}: run again to {again}.", file=sys.stderr)
+            again = "resume" if recorder.done and recorder.owner else "start over"
+            print(f"{cfg.name}: interrupted; {recorder.kept()}: run again to {again}.", file=sys.stderr)
+            recorder.discard()
             raise
-        except BaseException:
+        except Exception:  # a run that fails before its first epoch leaves no checkpoint or lock behind
+            tracker.fail("FAILED")
+            recorder.discard()
+            raise
+        except BaseException:  # SystemExit, and whatever stands in for a kill: the checkpoint stays, to resume
             tracker.fail("FAILED")
             raise
 
-        # wall_time_s: the time of every attempt up to its last checkpoint, plus this one
         final = final_metrics(history) | method.run_metrics()
-        final["wall_time_s"] = elapsed_before + time.perf_counter() - started
-        out = cfg.out_dir
-        atomic_write(out / "history.csv", history_csv(history))
-        atomic_write(
-            out / "run.json",
-            json.dumps({"name": cfg.name, "config": cfg.to_dict(), "mlflow_run_id": tracker.run_id}, indent=2) + "\n",
-        )
-        atomic_write(out / "metrics.json", json.dumps(final, indent=2) + "\n")
-        tracker.finish(final, [out / "history.csv", out / "run.json"])
+        final["wall_time_s"] = recorder.wall_s()  # every attempt up to its last checkpoint, plus this one
+        write_outputs(cfg.out_dir, history, final, run_info(cfg, tracker.run_id, ident["data"], history))
+        if cfg.ledger in ("record", "retrain"):
+            ledger_.record(cfg.out_dir, cfg, tracker.run_id)
+        tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
         if owner:
             ckpt.unlink(missing_ok=True)
             ckpt.with_suffix(".lock").unlink(missing_ok=True)
     return final
+
+
+def resume_state(
+    cfg: RunConfig, ckpt: Path, ident: dict[str, str], owner: bool, tracker: RunTracker | NoTracker
+) -> dict[str, Any] | None:
+    """The checkpoint to resume, if this process owns one that fits; a misfit is discarded with a warning."""
+    if not owner:
+        print(
+            f"warning: {cfg.name}: another process is training the same configuration and holds its checkpoint "
+            f"{ckpt}; this one trains without checkpoints (it cannot resume if interrupted)",
+            file=sys.stderr,
+        )
+        return None
+    resume, problem = read_checkpoint(ckpt, ident)
+    if problem:
+        print(f"warning: {cfg.name}: discarding the checkpoint {ckpt}: {problem}; starting afresh", file=sys.stderr)
+        ckpt.unlink()
+        if resume and resume.get("run_id"):
+            tracker.abandon(resume["run_id"], f"its checkpoint was discarded: {problem}")
+        return None
+    return resume

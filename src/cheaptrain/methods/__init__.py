@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
 from typing import Any
 
 from cheaptrain import UserError
-from cheaptrain.methods.base import Method, RunContext
-
-METHODS: dict[str, type[Method]] = {}
-
-
-def register(name: str) -> Callable[[type[Method]], type[Method]]:
-    def add(cls: type[Method]) -> type[Method]:
-        cls.name = name
-        METHODS[name] = cls
-        return cls
-
-    return add
+from cheaptrain.methods.base import METHODS, Method, RunContext, register
 
 
 def create_method(name: str, params: dict[str, Any] | None = None) -> Method:
@@ -29,7 +17,6 @@ def create_method(name: str, params: dict[str, Any] | None = None) -> Method:
     return METHODS[name](**(params or {}))
 
 
-register("baseline")(Method)
 for _module in pkgutil.iter_modules(__path__):  # every module of this package registers its methods on import
     if _module.name != "base":
         importlib.import_module(f"{__name__}.{_module.name}")

@@ -30,10 +30,8 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from cheaptrain import is_int, is_number
-from cheaptrain.config import ConfigError
-from cheaptrain.methods import register
-from cheaptrain.methods.base import Method, RunContext
+from cheaptrain import Param, is_int, is_number
+from cheaptrain.methods.base import Method, RunContext, register
 
 NORMAL, SKIP = 0, 1
 LR_FALLBACKS = ("until_stable", "one_epoch")
@@ -44,27 +42,18 @@ def layers_with_parameters(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if next(m.parameters(recurse=False), None) is not None]
 
 
-def skip_trainable(model: nn.Module, bias_layers: int, key: str = "bias_layers") -> list[str]:
+def skip_trainable(model: nn.Module, bias_layers: int) -> list[str]:
     """Names of the parameters a skip epoch keeps training: the biases of the last `bias_layers` layers."""
-    layers = layers_with_parameters(model)
-    if bias_layers > len(layers):
-        n, model_name = len(layers), type(model).__name__
-        raise ConfigError(
-            [f"{key}: {bias_layers} exceeds the {n} layers with parameters of {model_name}; accepted: 1-{n}"]
-        )
-    names = [f"{name}.bias" for name, m in layers[-bias_layers:] if isinstance(getattr(m, "bias", None), nn.Parameter)]
-    if not names:
-        raise ConfigError([f"{key}: the last {bias_layers} layer(s) of {type(model).__name__} have no bias to train"])
-    return names
+    layers = layers_with_parameters(model)[-bias_layers:]
+    return [f"{name}.bias" for name, m in layers if isinstance(getattr(m, "bias", None), nn.Parameter)]
 
 
-CHECKS = {  # parameter -> (valid?, accepted values)
-    "std_window": (lambda v: is_int(v) and v >= 2, "an integer >= 2 (epochs)"),
-    "std_threshold": (lambda v: is_number(v) and v > 0, "a number > 0 (percentage points)"),
-    "patience": (lambda v: is_int(v) and v >= 1, "an integer >= 1 (epochs)"),
-    "delta": (lambda v: is_number(v) and v >= 0, "a number >= 0 (percentage points)"),
-    "bias_layers": (lambda v: is_int(v) and v >= 1, "an integer >= 1 (layers with parameters, from the output)"),
-    "lr_fallback": (lambda v: v in LR_FALLBACKS, " | ".join(LR_FALLBACKS)),
+COMMON = {
+    "std_window": Param(5, lambda v: is_int(v) and v >= 2, "an integer >= 2 (epochs)"),
+    "std_threshold": Param(0.71, lambda v: is_number(v) and v > 0, "a number > 0 (percentage points)"),
+    "bias_layers": Param(
+        1, lambda v: is_int(v) and v >= 1, "an integer >= 1 (layers with parameters, from the output)"
+    ),
 }
 
 
@@ -73,33 +62,29 @@ class WeightUpdateSkipping(Method):
     """WUS: skip once the validation accuracy is stable; one normal epoch whenever it stalls for `patience` epochs."""
 
     fallback: ClassVar[str] = "patience"  # rule 4; `wus_lr`: "lr", rule 6
-    defaults: ClassVar[dict[str, Any]] = {
-        "std_window": 5,
-        "std_threshold": 0.71,
-        "patience": 7,
-        "delta": 0.0,
-        "bias_layers": 1,
+    PARAMS: ClassVar[dict[str, Param]] = COMMON | {
+        "patience": Param(7, lambda v: is_int(v) and v >= 1, "an integer >= 1 (epochs)"),
+        "delta": Param(0.0, lambda v: is_number(v) and v >= 0, "a number >= 0 (percentage points)"),
     }
 
-    def __init__(self, **params: Any) -> None:
-        key, accepted = f"methods.{self.name}", ", ".join(self.defaults)
-        problems = [f"{key}.{k}: unknown parameter (accepted: {accepted})" for k in params if k not in self.defaults]
-        for k, v in params.items():
-            if k in self.defaults and not CHECKS[k][0](v):
-                problems.append(f"{key}.{k}: {v!r} is invalid; accepted: {CHECKS[k][1]}")
-        if problems:
-            raise ConfigError(problems)
-        p = self.defaults | params
-        self.std_window: int = p["std_window"]
-        self.std_threshold: float = p["std_threshold"]
-        self.bias_layers: int = p["bias_layers"]
-        self.patience: int = p.get("patience", 0)  # wus only
-        self.delta: float = p.get("delta", 0.0)  # wus only
-        self.lr_fallback: str = p.get("lr_fallback", "")  # wus_lr only
+    def check_run(self, ctx: RunContext) -> list[str]:
+        key, bias_layers = f"methods.{self.name}.bias_layers", self.params["bias_layers"]
+        n, model_name = len(layers_with_parameters(ctx.model)), type(ctx.model).__name__
+        if bias_layers > n:
+            return [f"{key}: {bias_layers} exceeds the {n} layers with parameters of {model_name}; accepted: 1-{n}"]
+        if not skip_trainable(ctx.model, bias_layers):
+            return [f"{key}: the last {bias_layers} layer(s) of {model_name} have no bias to train"]
+        return []
 
     def setup(self, ctx: RunContext) -> None:
         super().setup(ctx)
-        kept = set(skip_trainable(ctx.model, self.bias_layers, f"methods.{self.name}.bias_layers"))
+        p = self.params
+        self.std_window: int = p["std_window"]
+        self.std_threshold: float = p["std_threshold"]
+        self.patience: int = p.get("patience", 0)  # wus only
+        self.delta: float = p.get("delta", 0.0)  # wus only
+        self.lr_fallback: str = p.get("lr_fallback", "")  # wus_lr only
+        kept = set(skip_trainable(ctx.model, p["bias_layers"]))
         named = dict(ctx.model.named_parameters())
         self.kept = [p for n, p in named.items() if n in kept]
         self.frozen = [p for n, p in named.items() if n not in kept]
@@ -202,9 +187,6 @@ class WeightUpdateSkippingLR(WeightUpdateSkipping):
     """WUS+LR: skip once the validation accuracy is stable; fall back to normal whenever the learning rate changes."""
 
     fallback: ClassVar[str] = "lr"
-    defaults: ClassVar[dict[str, Any]] = {
-        "std_window": 5,
-        "std_threshold": 0.71,
-        "bias_layers": 1,
-        "lr_fallback": "until_stable",
+    PARAMS: ClassVar[dict[str, Param]] = COMMON | {
+        "lr_fallback": Param("until_stable", lambda v: v in LR_FALLBACKS, " | ".join(LR_FALLBACKS))
     }

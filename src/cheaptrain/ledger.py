@@ -1,0 +1,284 @@
+"""The results ledger: runs at a paper's setting, kept in the repository as the pipeline wrote them.
+
+    ledger/<study>/<dataset>-<model>-<method>-s<seed>/   one entry: the run's run.json, metrics.json, history.csv
+    ledger/metrics.json                                    every entry's final figures (`dvc metrics show`)
+
+An entry is written by the train stage, never by hand, when params `train.ledger` is `record` (or `retrain`): the
+three output files of the finished run, copied as they are. run.json names what was trained (the resolved
+configuration) and where and how (training-code version, git commit, prepared data's digest, device, torch
+version, CPU threads). Training needs neither MLflow nor DVC to write one: on a rented GPU machine with PyTorch
+alone, `python stages/train.py ... --no-mlflow` trains and records, and the entry is committed from there.
+
+In `record` mode a run whose entry matches is not trained again: the entry becomes the stage's outputs (and its
+MLflow run, imported if the store lacks it). It matches when it trained the same experiment (study, dataset, model,
+method, seed, recipe, method and model parameters: RunConfig.experiment()) with the same training code; where it
+ran (device, threads, autocast) is recorded, not matched. An entry that does not match stops the stage with an
+error naming each difference: retrain it (`train.ledger: retrain`, which replaces the entry) or remove it.
+`ignore` neither reads nor writes the ledger (the quick setting).
+
+    python -m cheaptrain.ledger list       # the entries, with seeds, device and final accuracy
+    python -m cheaptrain.ledger import     # every entry into the MLflow store (once: importing again adds nothing)
+    python -m cheaptrain.ledger index      # rewrite ledger/metrics.json from the entries
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import fcntl
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cheaptrain import UserError, atomic_write, run_main
+from cheaptrain.config import RunConfig
+from cheaptrain.tracking import project_root
+
+FILES = ("run.json", "metrics.json", "history.csv")
+INDEX = "metrics.json"
+
+
+def ledger_root() -> Path:
+    """ledger/ at the real repository root (DVC's temporary experiment copies record into the workspace too)."""
+    return project_root() / "ledger"
+
+
+@dataclass
+class Entry:
+    path: Path
+    info: dict[str, Any]  # run.json
+    metrics: dict[str, float]
+    history: list[dict[str, float]]
+
+    @property
+    def study(self) -> str:
+        return self.info["config"]["study"]
+
+    @property
+    def name(self) -> str:
+        return self.info["name"]
+
+    @property
+    def id(self) -> str:
+        """The entry's content hash: an MLflow run imported from it carries it (tag `ledger_entry`)."""
+        digest = hashlib.sha256()
+        for name in FILES:
+            digest.update((self.path / name).read_bytes())
+        return digest.hexdigest()[:16]
+
+
+def read_entry(path: Path) -> Entry:
+    """One entry; a UserError names the file and what is wrong with it."""
+    missing = [name for name in FILES if not (path / name).is_file()]
+    if missing:
+        raise UserError(f"ledger entry {path}: missing {', '.join(missing)}; an entry holds {', '.join(FILES)}")
+    try:
+        info = json.loads((path / "run.json").read_text())
+        metrics = json.loads((path / "metrics.json").read_text())
+        with open(path / "history.csv", newline="") as f:
+            history = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    except (json.JSONDecodeError, ValueError) as e:
+        raise UserError(f"ledger entry {path}: unreadable ({e}); restore it from git") from e
+    if not isinstance(info, dict) or "config" not in info or "name" not in info or not history:
+        raise UserError(f"ledger entry {path}: run.json lacks its config or name, or history.csv is empty")
+    return Entry(path, info, metrics, history)
+
+
+def entries(root: Path | None = None) -> list[Entry]:
+    """Every entry of the ledger, by study and name."""
+    root = root or ledger_root()
+    return [read_entry(p.parent) for p in sorted(root.glob("*/*/run.json"))]
+
+
+def entry_path(cfg: RunConfig) -> Path:
+    return ledger_root() / cfg.study / cfg.name
+
+
+def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{'recipe': {'lr': 0.1}} -> {'recipe.lr': 0.1}; lists compare as lists (JSON has no tuples)."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out |= flat(v, f"{prefix}{k}.")
+        return out
+    return {prefix.rstrip("."): list(value) if isinstance(value, tuple | list) else value}
+
+
+def differences(entry: Entry, cfg: RunConfig, code: str) -> list[str]:
+    """How the entry differs from the run `cfg` would train now: each setting, then the training code."""
+    wanted = flat(json.loads(json.dumps(cfg.experiment())))
+    kept = flat({k: entry.info["config"].get(k) for k in cfg.experiment()})
+    lines = [
+        f"{key}: {kept.get(key)!r} in the entry, {wanted.get(key)!r} now"
+        for key in sorted(wanted.keys() | kept.keys())
+        if kept.get(key) != wanted.get(key)
+    ]
+    if entry.info.get("code_version") != code:
+        lines.append(
+            f"training code: version {entry.info.get('code_version')} (commit {entry.info.get('git_commit')}) in the "
+            f"entry, {code} now"
+        )
+    return lines
+
+
+def find(cfg: RunConfig, code: str) -> Entry | None:
+    """The matching entry of `cfg`, None when it has none; an entry that does not match stops with an error."""
+    path = entry_path(cfg)
+    if not (path / "run.json").is_file():
+        return None
+    entry = read_entry(path)
+    if diffs := differences(entry, cfg, code):
+        listed = "\n".join(f"  - {d}" for d in diffs)
+        raise UserError(
+            f"{cfg.study}/{cfg.name}: its ledger entry {path} was trained differently:\n{listed}\n"
+            f"Retrain it and replace the entry (params train.ledger: retrain, e.g. `dvc exp run -S "
+            f"train.ledger=retrain`), or remove the entry (`git rm -r {path}`) to train afresh."
+        )
+    return entry
+
+
+def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path:
+    """Copy a finished run's outputs into its ledger entry (replacing one), then rewrite the index."""
+    path = entry_path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    for name in FILES:
+        shutil.copy2(out_dir / name, staging / name)
+    with _lock():
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)  # whole or absent: never a half-written entry
+        write_index()
+    if run_id:
+        _tag_run(run_id, read_entry(path).id)
+    print(f"{cfg.study}/{cfg.name}: recorded in the ledger, {path} (commit it)", file=sys.stderr)
+    return path
+
+
+def reuse(entry: Entry, cfg: RunConfig, track: bool) -> dict[str, float]:
+    """Make a matching entry the run's outputs, without training; its MLflow run is imported if the store lacks it."""
+    run_id = import_entry(entry)[0] if track else ""
+    info = entry.info | {"mlflow_run_id": run_id or entry.info.get("mlflow_run_id", ""), "ledger_entry": entry.id}
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.json", "history.csv"):
+        shutil.copy2(entry.path / name, cfg.out_dir / name)
+    atomic_write(cfg.out_dir / "run.json", json.dumps(info, indent=2) + "\n")
+    print(f"{cfg.study}/{cfg.name}: not trained again: its ledger entry {entry.path} matches", file=sys.stderr)
+    return entry.metrics
+
+
+def write_index(root: Path | None = None) -> None:
+    """ledger/metrics.json: per study and run, the final figures and where they came from, for `dvc metrics show`."""
+    root = root or ledger_root()
+    keep = ("final_acc", "best3_acc", "train_time_s", "total_train_flops", "total_trained_samples", "epochs")
+    index: dict[str, dict[str, Any]] = {}
+    for entry in entries(root):
+        figures = {k: entry.metrics[k] for k in keep if k in entry.metrics}
+        index.setdefault(entry.study, {})[entry.name] = figures
+    atomic_write(root / INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def _lock() -> Iterator[None]:
+    """Serialise ledger writers (runs finishing at once rewrite the index)."""
+    ledger_root().mkdir(parents=True, exist_ok=True)
+    with open(ledger_root() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# --- MLflow ----------------------------------------------------------------------------------------------------
+
+
+def _tag_run(run_id: str, entry_id: str) -> None:
+    """Mark a live run as the source of an entry, so that importing the entry into the same store adds nothing."""
+    from cheaptrain.tracking import store_client
+
+    store_client().set_tag(run_id, "ledger_entry", entry_id)
+
+
+def import_entry(entry: Entry) -> tuple[str, bool]:
+    """The MLflow run of `entry` in the tracking store: (run id, whether it was imported now). A run tagged with the
+    entry's id (imported before, or the live run that recorded it) is reused, so importing twice adds nothing."""
+    from mlflow.entities import Metric
+
+    from cheaptrain.tracking import DatasetRef, ensure_experiment, flatten, log_dataset, store_client
+
+    experiment_id = ensure_experiment(entry.study)
+    client = store_client()
+    found = client.search_runs([experiment_id], f"tags.ledger_entry = '{entry.id}'", max_results=1)
+    if found:
+        return found[0].info.run_id, False
+    info = entry.info
+    tags = {
+        "study": entry.study,
+        "ledger_entry": entry.id,
+        "imported_from": str(entry.path.relative_to(entry.path.parents[2])),
+        "git_commit": info.get("git_commit", ""),
+        "mlflow.source.git.commit": info.get("git_commit", ""),
+        "device": info.get("device", ""),
+        "torch_version": info.get("torch_version", ""),
+        "trained_mlflow_run_id": info.get("mlflow_run_id", ""),
+    }
+    run = client.create_run(experiment_id, run_name=entry.name, tags=tags)
+    run_id = run.info.run_id
+    params = [(k, str(v)) for k, v in flatten(info["config"]).items()]
+    for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+        client.log_batch(run_id, params=[_param(k, v) for k, v in params[i : i + 100]])
+    metrics = [
+        Metric(key, float(value), 0, int(row["epoch"]))
+        for row in entry.history
+        for key, value in row.items()
+        if key != "epoch"
+    ]
+    metrics += [Metric(k, float(v), 0, 0) for k, v in entry.metrics.items() if isinstance(v, int | float)]
+    for i in range(0, len(metrics), 1000):  # and at most 1000 metrics
+        client.log_batch(run_id, metrics=metrics[i : i + 1000])
+    config = info["config"]
+    source = str(Path(config.get("data_root", "data/prepared")) / config["dataset"])
+    log_dataset(client, run_id, DatasetRef(config["dataset"], info.get("data_digest", ""), source))
+    for name in ("history.csv", "run.json"):
+        client.log_artifact(run_id, str(entry.path / name))
+    client.set_terminated(run_id, "FINISHED")
+    return run_id, True
+
+
+def _param(key: str, value: str) -> Any:
+    from mlflow.entities import Param as MlflowParam
+
+    return MlflowParam(key, value)
+
+
+# --- the command -----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("list", "import", "index"), help="what to do with the ledger")
+    args = parser.parse_args(argv)
+    found = entries()
+    if args.command == "index":
+        write_index()
+        print(f"{ledger_root() / INDEX}: {len(found)} entries")
+    elif args.command == "list":
+        for entry in found:
+            m, i = entry.metrics, entry.info
+            print(f"{entry.study}/{entry.name}: final {m.get('final_acc', float('nan')):.2f}%, best-3 "
+                  f"{m.get('best3_acc', float('nan')):.2f}%, {int(m.get('epochs', 0))} epochs, {i.get('device')}, "
+                  f"commit {str(i.get('git_commit'))[:10]}")  # fmt: skip
+        print(f"{len(found)} entries in {ledger_root()}")
+    else:
+        imported = [import_entry(entry) for entry in found]
+        new = sum(now for _, now in imported)
+        print(f"{new} of {len(found)} ledger entries imported into the MLflow store ({len(found) - new} were there)")
+
+
+if __name__ == "__main__":
+    run_main(main)

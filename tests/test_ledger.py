@@ -1,0 +1,155 @@
+"""The results ledger: a finished run recorded by the pipeline, reused when it matches, named when it does not,
+imported into MLflow once."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cheaptrain import UserError, ledger
+from cheaptrain.data import load_split
+from cheaptrain.prepare import write_prepared
+from cheaptrain.runner import code_version, train_run
+
+from conftest import small_config, synthetic_split
+
+TRAIN, TEST = synthetic_split(128, seed=1), synthetic_split(64, seed=2)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch) -> Path:
+    """A folder to run in: tiny prepared data, an empty default MLflow store."""
+    for var in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "CHEAPTRAIN_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    splits = {"train": (TRAIN.images, TRAIN.labels), "test": (TEST.images, TEST.labels)}
+    write_prepared(tmp_path / "data/prepared/cifar10", splits, TRAIN.classes, {"source": "synthetic"})
+    return tmp_path
+
+
+def config(**changes):
+    return dataclasses.replace(small_config(epochs=2, study="dfp"), **({"ledger": "record", "threads": 1} | changes))
+
+
+def mlflow_runs(name: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{Path.cwd() / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("dfp")
+    return client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
+
+
+def test_a_finished_run_is_recorded_with_where_it_came_from_and_indexed(repo):
+    final = train_run(config())
+    entry = ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-baseline-s7")
+    assert entry.metrics == final
+    assert [row["epoch"] for row in entry.history] == [1, 2] and "train_flops" in entry.history[0]
+    info = entry.info
+    assert info["config"]["recipe"]["epochs"] == 2 and info["code_version"] == code_version("baseline")
+    assert info["device"].startswith("cpu") and info["torch_version"] == torch.__version__
+    assert info["threads"] == [1] and len(info["data_digest"]) == 16
+    run_history = repo / "runs/dfp/cifar10-lenet-baseline-s7/history.csv"
+    assert run_history.read_text() == (entry.path / "history.csv").read_text()
+    index = json.loads((repo / "ledger/metrics.json").read_text())
+    assert index["dfp"]["cifar10-lenet-baseline-s7"]["final_acc"] == final["final_acc"]
+    # the live MLflow run is the entry's: importing into the same store adds nothing
+    assert ledger.import_entry(entry) == (info["mlflow_run_id"], False)
+    assert len(mlflow_runs("cifar10-lenet-baseline-s7")) == 1
+
+
+def test_a_matching_entry_is_reused_without_training(repo, monkeypatch):
+    first = train_run(config())
+    monkeypatch.setattr("cheaptrain.runner.fit", lambda *a, **k: pytest.fail("trained again"))
+    (repo / "runs").rename(repo / "runs-before")
+    again = train_run(config(threads=2, device="cpu", eval_batch_size=500))  # how it runs is not matched
+    assert again == first
+    assert (repo / "runs/dfp/cifar10-lenet-baseline-s7/metrics.json").is_file()
+    assert not list(repo.glob("checkpoints/*/*"))
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"recipe": "lr"}, "recipe.lr: 0.05 in the entry, 0.07 now"),
+        ({"seed": 8}, "seed: 7 in the entry, 8 now"),
+    ],
+)
+def test_an_entry_trained_differently_is_named_not_reused_nor_retrained(repo, change, named):
+    train_run(config())
+    cfg = config()
+    if "recipe" in change:
+        cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, lr=0.07))
+    else:  # the same run name (another entry would be looked up), another seed inside
+        cfg = dataclasses.replace(cfg, **change)
+        (repo / "ledger/dfp/cifar10-lenet-baseline-s7").rename(repo / "ledger/dfp/cifar10-lenet-baseline-s8")
+    with pytest.raises(UserError) as info:
+        ledger.find(cfg, code_version("baseline"))
+    assert named in str(info.value) and "train.ledger: retrain" in str(info.value)
+
+
+def test_other_training_code_is_named(repo):
+    train_run(config())
+    with pytest.raises(UserError, match=r"training code: version \w+ \(commit .*\) in the entry, 0000 now"):
+        ledger.find(config(), "0000")
+
+
+def test_retrain_replaces_the_entry(repo):
+    train_run(config())
+    before = ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-baseline-s7").info["finished_at"]
+    train_run(config(ledger="retrain"))
+    assert len(ledger.entries()) == 1
+    assert ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-baseline-s7").info["finished_at"] >= before
+
+
+def test_without_mlflow_an_entry_is_written_and_imported_once_later(repo):
+    final = train_run(config(), track=False)
+    assert not (repo / "mlflow.db").exists()
+    (entry,) = ledger.entries()
+    assert entry.info["mlflow_run_id"] == ""
+    run_id, imported = ledger.import_entry(entry)
+    assert imported and ledger.import_entry(entry) == (run_id, False)
+    (run,) = mlflow_runs("cifar10-lenet-baseline-s7")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    assert run.info.status == "FINISHED" and run.data.tags["ledger_entry"] == entry.id
+    assert run.data.params["recipe.epochs"] == "2" and run.data.metrics["final_acc"] == final["final_acc"]
+    assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [1, 2]
+    assert {a.path for a in client.list_artifacts(run_id)} == {"history.csv", "run.json"}
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.name == "cifar10" and dataset.dataset.digest == entry.info["data_digest"]
+    experiment = client.get_experiment_by_name("dfp")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_import_command_adds_every_entry_once(repo, capsys):
+    train_run(config(), track=False)
+    train_run(config(seed=8), track=False)
+    ledger.main(["import"])
+    ledger.main(["import"])
+    out = capsys.readouterr().out
+    assert "2 of 2 ledger entries imported" in out and "0 of 2 ledger entries imported" in out
+    assert len(mlflow_runs("cifar10-lenet-baseline-s7")) == len(mlflow_runs("cifar10-lenet-baseline-s8")) == 1
+
+
+def test_a_broken_entry_is_a_clear_error(repo):
+    train_run(config(), track=False)
+    (repo / "ledger/dfp/cifar10-lenet-baseline-s7/metrics.json").unlink()
+    with pytest.raises(UserError, match=r"missing metrics\.json; an entry holds run\.json, metrics\.json"):
+        ledger.entries()
+
+
+def test_load_split_reads_the_prepared_data(repo):  # the data the entries' digest is of
+    assert len(load_split(repo / "data/prepared/cifar10", "train").labels) == 128
