@@ -8,8 +8,8 @@ import yaml
 
 from cheaptrain import ConfigError, Param, UserError
 from cheaptrain.aggregate import grid_runs
-from cheaptrain.config import Recipe, load_params, resolve_run
-from cheaptrain.methods import METHODS, Method
+from cheaptrain.config import Recipe, load_params, resolve_run, validate_grid
+from cheaptrain.methods import METHODS, Method, create_method
 
 from conftest import REPO
 
@@ -223,3 +223,19 @@ def test_unreadable_params_file_is_a_user_error(tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [unclosed\n")
     with pytest.raises(UserError, match="not valid YAML"):
         load_params(tmp_path / "bad.yaml")
+
+
+def test_a_named_configuration_of_a_method_trains_it_at_other_settings_under_its_own_name():
+    params = with_change("methods.dfp_half", {"method": "dfp", "prune_num": 0.5})
+    params["grid"]["dfp"]["methods"].append("dfp_half")
+    validate_grid(params)
+    cfg = resolve_run(params, "dfp", "cifar10", "lenet", "dfp_half", 0)
+    assert cfg.name == "cifar10-lenet-dfp_half-s0" and cfg.method_args == {"method": "dfp", "prune_num": 0.5}
+    method = create_method("dfp_half", cfg.method_args)
+    assert type(method) is METHODS["dfp"] and method.params["prune_num"] == 0.5 and method.name == "dfp_half"
+    params["methods"]["dfp_half"]["prune_num"] = 2.0
+    with pytest.raises(ConfigError, match=r"methods\.dfp_half\.prune_num: 2\.0 is invalid"):
+        resolve_run(params, "dfp", "cifar10", "lenet", "dfp_half", 0)
+    params["methods"]["dfp_half"]["method"] = "dpf"
+    with pytest.raises(ConfigError, match=r"method 'dfp_half': unknown"):
+        validate_grid(params)

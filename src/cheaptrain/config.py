@@ -234,7 +234,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
     including what only the run tells (the training-set size, the model's layers, the schedule over its epochs)."""
     import torch
 
-    from cheaptrain.methods import METHODS, RunContext, create_method
+    from cheaptrain.methods import METHODS, RunContext, create_method, implementation
     from cheaptrain.models import MODELS, check_options, create_model
 
     problems: list[str] = []
@@ -249,8 +249,11 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         problems.append(f"dataset {dataset!r}: unknown (accepted: {', '.join(DATASETS)})")
     if model not in MODELS:
         problems.append(f"model {model!r}: unknown (accepted: {', '.join(MODELS)})")
-    if method not in METHODS:
-        problems.append(f"method {method!r}: unknown (accepted: {', '.join(METHODS)})")
+    methods = params.get("methods")
+    named = methods.get(method) if isinstance(methods, dict) else None
+    if implementation(method, named if isinstance(named, dict) else None) not in METHODS:
+        problems.append(f"method {method!r}: unknown (accepted: {', '.join(METHODS)}, or a methods.<name> section "
+                        "naming one with `method:`)")  # fmt: skip
     if not is_int(seed) or seed < 0:
         problems.append(f"seed {seed!r}: accepted: an integer >= 0")
     train, found = train_settings(params)
@@ -259,11 +262,10 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
     model_args = recipe.model_args.get(model, {}) if recipe else {}
     if model_args and model in MODELS:
         problems += check_options(model, model_args, f"recipes.{study}.model_args.{model}")
-    methods = params.get("methods")
     method_args: Any = None
     if not isinstance(methods, dict):
         problems.append("methods: missing; accepted: a mapping of method name to its parameters, e.g. {baseline: {}}")
-    elif method in METHODS:
+    elif method in methods or method in METHODS:
         method_args = methods.get(method, "missing")
         if method_args is None:
             method_args = {}  # `dfp:` with nothing after it: every default
@@ -311,10 +313,12 @@ def validate_grid(params: dict[str, Any]) -> None:
     from cheaptrain.methods import METHODS  # late: methods import torch
     from cheaptrain.models import MODELS
 
+    named = [k for k, v in (params.get("methods") or {}).items() if isinstance(v, dict) and "method" in v]
+
     grid = params.get("grid")
     if not isinstance(grid, dict) or not grid:
         raise ConfigError(["grid: accepted: a mapping of study name to {datasets, models, methods, seeds} lists"])
-    accepted = {"datasets": DATASETS, "models": MODELS, "methods": METHODS}
+    accepted = {"datasets": DATASETS, "models": MODELS, "methods": [*METHODS, *named]}
     downloaded = (params.get("download") or {}).get("datasets")
     problems: list[str] = []
     runs: dict[tuple[str, str, str, str], int] = {}  # one seed per (study, dataset, model, method) is enough

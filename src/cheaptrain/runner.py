@@ -43,7 +43,7 @@ from cheaptrain import UserError, atomic_write
 from cheaptrain import ledger as ledger_
 from cheaptrain.config import RunConfig
 from cheaptrain.data import load_split, prepared_digest
-from cheaptrain.methods import METHODS, create_method
+from cheaptrain.methods import METHODS, create_method, implementation
 from cheaptrain.tracking import RunTracker, dataset_ref, device_name, git_commit, project_root, run_tags
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit, resolve_device
 
@@ -103,10 +103,10 @@ def imported_files(module: str) -> list[Path]:
 
 
 def code_version(method: str) -> str:
-    """Hash of the code that trains a run of `method`: trainer.py and what it imports (configuration, data, models,
-    costs), of the methods package only the modules that define this method's class and its bases; not the tracking
-    or the outputs around it. A checkpoint never mixes two versions in one run, and a ledger entry is reused only by
-    the code that would train it again (a method added beside it changes nothing)."""
+    """Hash of the code that trains a run of the registered `method`: trainer.py and what it imports (configuration,
+    data, models, costs), and of the methods package only the modules that define this method's class and its
+    bases; not the tracking or the outputs around it. A checkpoint never mixes two versions in one run, and a
+    ledger entry is reused only by the code that would train it again (a method added beside it changes nothing)."""
     root = Path(__file__).parent
     methods_dir = root / "methods"
     own = {Path(inspect.getfile(cls)) for cls in METHODS[method].__mro__ if cls.__module__.startswith("cheaptrain.")}
@@ -117,11 +117,15 @@ def code_version(method: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def run_code_version(cfg: RunConfig) -> str:
+    return code_version(implementation(cfg.method, cfg.method_args))
+
+
 def identity(cfg: RunConfig) -> dict[str, str]:
     """What a checkpoint must match to be resumed."""
     return {
         "config": cfg.fingerprint(),
-        "code": code_version(cfg.method),
+        "code": run_code_version(cfg),
         "data": prepared_digest(cfg.data_dir),
         "device": resolve_device(cfg.device).type,
     }
@@ -288,7 +292,7 @@ def run_info(cfg: RunConfig, run_id: str | None, data_digest: str, history: list
         "name": cfg.name,
         "config": cfg.to_dict(),
         "mlflow_run_id": run_id or "",
-        "code_version": code_version(cfg.method),
+        "code_version": run_code_version(cfg),
         "git_commit": git_commit(),
         "data_digest": data_digest,
         "device": device_name(cfg.device),
@@ -308,7 +312,7 @@ def write_outputs(out: Path, history: list[dict[str, Any]], final: dict[str, flo
 def train_run(cfg: RunConfig, track: bool = True) -> dict[str, float]:
     """Train one configuration (resuming from its checkpoint if one exists, reusing its ledger entry if one
     matches); returns its final metrics."""
-    if cfg.ledger == "record" and (entry := ledger_.find(cfg, code_version(cfg.method))) is not None:
+    if cfg.ledger == "record" and (entry := ledger_.find(cfg, run_code_version(cfg))) is not None:
         return ledger_.reuse(entry, cfg, track)
     tracker = open_tracker(cfg.study, track)  # fails here, before any work, if the store is unusable
     ckpt = checkpoint_path(cfg)
