@@ -26,7 +26,16 @@ from cheaptrain.aggregate import (
     summarize,
     summary_csv,
 )
-from cheaptrain.report import FIGURES, findings, paper_tables, saving_figure, setting_differences
+from cheaptrain.report import (
+    FIGURES,
+    cost_figure,
+    cost_table,
+    findings,
+    implementation_of,
+    paper_tables,
+    saving_figure,
+    setting_differences,
+)
 from cheaptrain.timing import run_time
 
 from conftest import REPO, grid, read_csv, run_in
@@ -429,6 +438,114 @@ def test_summary_csv_round_trips_with_fixed_columns(tmp_path):
         read_summary(path)
 
 
+# ---------------------------------------------------------------------------------------------------- equal cost
+
+
+def cost_row(method: str, compute: float, delta: float, ci95: float | None = None, **more) -> dict:
+    """A summary row of the DFP study on cifar10/resnet18: 3 seeds with a t-interval, 2 (an sd) without `ci95`."""
+    row = {"study": "dfp", "dataset": "cifar10", "model": "resnet18", "method": method, "seeds": 2,
+           "acc_measure": "best3_acc", "acc_mean": 95.0 + delta, "acc_delta_mean": delta, "acc_delta_std": 0.3,
+           "compute_saving_pct_mean": compute, "time_saving_pct_mean": compute - 2,
+           "time_saving_pct_lo": compute - 4, "time_saving_pct_hi": compute}  # fmt: skip
+    if ci95 is not None:
+        row |= {"seeds": 3, "acc_delta_ci95": ci95}
+    return row | more
+
+
+COST_ROWS = [
+    {"study": "dfp", "dataset": "cifar10", "model": "resnet18", "method": "baseline", "seeds": 3,
+     "acc_measure": "best3_acc", "acc_mean": 95.0},
+    cost_row("dfp", 12.8, -0.4, 0.2, paper_time_saving_pct=12.76, paper_acc_delta=-0.1),
+    cost_row("random_prune", 12.8, -1.0, 0.3),
+    cost_row("infobatch_r30", 14.0, -0.3, 0.5),
+    cost_row("dfp_p50", 21.3, -1.2, 0.2),
+    cost_row("random_prune_p50", 21.3, -2.0, 0.2),
+    cost_row("infobatch", 36.0, -0.5, 0.2),
+]  # fmt: skip
+IMPLEMENTS = {
+    ("dfp", "cifar10", "resnet18", name, ""): implemented
+    for name, implemented in (("infobatch_r30", "infobatch"), ("dfp_p50", "dfp"), ("random_prune_p50", "random_prune"))
+}
+
+
+def test_the_cost_table_compares_the_methods_at_equal_cost_and_says_whether_the_lead_beats_the_intervals():
+    table = cost_table(COST_ROWS, IMPLEMENTS, within=3.0)
+    assert table.slug == "accuracy_vs_cost" and table.title == "Accuracy against cost"
+    rows = [dict(zip(table.headers, r, strict=True)) for r in table.rows]
+    assert [(r["budget: compute saved"], r["method"], r["implements"]) for r in rows] == [
+        ("12.8–14.0%", "infobatch_r30", "infobatch"),
+        ("12.8–14.0%", "dfp", "dfp"),
+        ("12.8–14.0%", "random_prune", "random_prune"),
+        ("21.3%", "dfp_p50", "dfp"),
+        ("21.3%", "random_prune_p50", "random_prune"),
+        ("36.0%", "infobatch", "infobatch"),
+    ]  # no baseline row; best first within a budget
+    assert rows[1]["Δ vs baseline"] == "-0.40 ± 0.20" and rows[1]["compute saved %"] == "12.8"
+    assert rows[1]["time saved % [95%]"] == "10.8 [8.8, 12.8]"
+    assert rows[1]["paper time saved %"] == "12.76" and rows[1]["paper Δ"] == "-0.10"
+    assert rows[3]["paper time saved %"] == "not in the paper"  # the paper's point is dfp's own setting only
+    verdicts = [line for line in table.note.splitlines() if line.startswith("- ")]
+    assert verdicts == [
+        "- DFP cifar10/resnet18, compute saved 12.8–14.0%: best infobatch_r30 (infobatch): Δ -0.30 [-0.80, +0.20] "
+        "points at 14.0% compute saved; 0.10 points ahead of dfp: Δ -0.40 [-0.60, -0.20] points at 12.8% compute "
+        "saved; the lead is within the 95% intervals (they overlap): not a finding.",
+        "- DFP cifar10/resnet18, compute saved 21.3%: best dfp_p50 (dfp): Δ -1.20 [-1.40, -1.00] points at 21.3% "
+        "compute saved; 0.80 points ahead of random_prune_p50 (random_prune): Δ -2.00 [-2.20, -1.80] points at "
+        "21.3% compute saved; the lead is larger than the 95% intervals (they do not overlap).",
+        "- DFP cifar10/resnet18, compute saved 36.0%: infobatch: Δ -0.50 [-0.70, -0.30] points at 36.0% compute "
+        "saved, alone at this cost: nothing to compare with.",
+    ]
+    narrow = cost_table(COST_ROWS, IMPLEMENTS, within=1.0)  # 14.0 is more than 1 point above 12.8: a budget of its own
+    assert [r[2] for r in narrow.rows][:3] == ["12.8%", "12.8%", "14.0%"]
+    two_seeds = [cost_row("dfp", 12.8, -0.4), cost_row("random_prune", 12.8, -1.0)]
+    (verdict,) = [line for line in cost_table(two_seeds, {}, 3.0).note.splitlines() if line.startswith("- ")]
+    assert verdict.endswith("0.60 points ahead of random_prune: Δ -1.00 points at 12.8% compute saved; under 3 "
+                            "seeds: no 95% interval to weigh the lead against.")  # fmt: skip
+    assert cost_table(COST_ROWS[:1], {}, 3.0).rows == []
+
+
+def test_the_cost_figure_draws_one_line_per_method_through_its_budgets_and_the_papers_point_beside_time():
+    compute_ax, time_ax = [a for a in cost_figure(COST_ROWS, IMPLEMENTS).axes if a.get_visible()]
+    lines = {c.get_label(): c.lines[0].get_xydata().tolist() for c in compute_ax.containers}
+    assert lines == {
+        "dfp": [[12.8, -0.4], [21.3, -1.2]],
+        "random_prune": [[12.8, -1.0], [21.3, -2.0]],
+        "infobatch": [[14.0, -0.3], [36.0, -0.5]],
+    }
+    timed = {c.get_label(): c.lines[0].get_xydata().tolist() for c in time_ax.containers}
+    assert timed["dfp"] == [[10.8, -0.4], [19.3, -1.2]]  # time saved: compute - 2 in these rows
+    stars = {line.get_label(): line.get_xydata().tolist() for ax in (compute_ax, time_ax) for line in ax.lines
+             if line.get_label().startswith("paper")}  # fmt: skip
+    assert stars == {"paper: dfp": [[12.76, -0.1]]}
+    assert any(line.get_label() == "paper: dfp" for line in time_ax.lines)
+    (empty,) = [a for a in cost_figure(COST_ROWS[:1], {}).axes if a.get_visible() or a.texts]
+    assert "No method with a compute saving" in empty.texts[0].get_text()
+
+
+def test_a_named_configuration_is_drawn_as_the_method_it_implements(tmp_path):
+    """run.json's config.method_args `method` names the implementation; a run without it implements its own name."""
+    params = synthetic_grid(tmp_path, seeds=(0, 1, 2))
+    params["grid"]["dfp"]["methods"].append("dfp_p50")
+    for seed in (0, 1, 2):
+        folder = tmp_path / "dfp" / f"cifar10-lenet-dfp_p50-s{seed}"
+        shutil.copytree(tmp_path / "dfp" / f"cifar10-lenet-dfp-s{seed}", folder)
+        info = json.loads((folder / "run.json").read_text())
+        info["config"]["method_args"] = {"method": "dfp", "prune_num": 0.5}
+        (folder / "run.json").write_text(json.dumps(info))
+    runs = collect(params, tmp_path)
+    implements = implementation_of(runs)
+    assert {key[3]: name for key, name in implements.items() if key[0] == "dfp"} == {
+        "baseline": "baseline", "dfp": "dfp", "random_prune": "random_prune", "dfp_p50": "dfp",
+    }  # fmt: skip
+    summary = summarize(runs, MEASURES)
+    table = cost_table(summary, implements, 3.0)
+    shown = {(r[0], r[3]): r[4] for r in table.rows}
+    assert shown[("cifar10", "dfp_p50")] == "dfp" and shown[("cifar10", "wus_lr")] == "wus_lr"
+    axes = [a for a in cost_figure(summary, implements).axes if a.get_visible()]
+    dfp_line = next(c for c in axes[0].containers if c.get_label() == "dfp")
+    assert len(dfp_line.lines[0].get_xydata()) == 2  # dfp and dfp_p50 on one line
+
+
 def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
     runs = tmp_path / "runs"
     params = synthetic_grid(runs)
@@ -446,6 +563,7 @@ def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
     assert "### DFP Table 1: training time" in report and "### WUS Table 3" in report
     assert "This is not the papers' setting" in report
     assert "DFP's selection against this random control: +0.50 points" in report
+    assert "## Accuracy against cost" in report and "![Accuracy Δ against compute and time saved" in report
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["dfp"]["cifar10-lenet-dfp"]["acc_delta"] == pytest.approx(-0.3)
 
@@ -456,7 +574,8 @@ def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
     (run,) = client.search_runs([experiment.experiment_id])
     artifacts = {a.path for folder in ("", "tables", "figures") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {"tables/summary.json", "tables/dfp_table1.json", "tables/runs.json", "figures/test_acc.png",
-            "report.md", "summary.csv"} <= artifacts  # fmt: skip
+            "tables/accuracy_vs_cost.json", "figures/acc_vs_cost.png", "report.md",
+            "summary.csv"} <= artifacts  # fmt: skip
     assert run.data.metrics["dfp/cifar10-lenet-dfp/acc_delta"] == pytest.approx(-0.3)
 
     bad = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "x"), "--runs", str(tmp_path / "none")],

@@ -8,6 +8,10 @@ runs at the paper's setting (from the grid or the results ledger), with a verdic
 the grid's: its setting, the papers' tables with its figures, findings, figures and curves (a ledger run joins them
 only as a seed of one of the grid's configurations); summary.csv and metrics.json hold every configuration.
 
+"Accuracy against cost" compares the methods at equal cost: each method across its budgets (named configurations,
+`methods.<name>.method`), grouped by compute saved, the best at each budget named and its lead weighed against the
+95% intervals (`cost_table`, `cost_figure`: results/figures/acc_vs_cost.png).
+
 Wall-clock savings are shown with their 95% interval and beside the compute saved, their bound (`cheaptrain.timing`).
 A time saving is "within noise" of a figure, 0 or the paper's, when its interval contains it; a time saving below 0
 of a method that did less work is within noise too, since the interval cannot see a machine that was busier during
@@ -70,8 +74,11 @@ PAPERS = {  # what the papers ran, to say where this run's setting differs (docs
                    "momentum": 0.9, "weight_decay": 1e-4, "augment": False},
     },
 }  # fmt: skip
-COLORS = {"baseline": "0.25", "dfp": "tab:blue", "random_prune": "tab:orange", "wus": "tab:green", "wus_lr": "tab:red"}
-FIGURES = ("test_acc.png", "acc_vs_time.png", "pruned_samples.png", "wus_phases.png", "time_saving.png")
+COLORS = {"baseline": "0.25", "dfp": "tab:blue", "random_prune": "tab:orange", "wus": "tab:green", "wus_lr": "tab:red",
+          "infobatch": "tab:purple"}  # fmt: skip
+FIGURES = (
+    "test_acc.png", "acc_vs_time.png", "pruned_samples.png", "wus_phases.png", "time_saving.png", "acc_vs_cost.png",
+)  # fmt: skip
 NOT_IN_PAPER = "not in the paper"
 
 
@@ -685,6 +692,122 @@ def paper_scale(
     return "\n".join(lines), [claims_table, wus]
 
 
+# ---------------------------------------------------------------------------------------------------- equal cost
+
+COST_NOTE = (
+    "Each method at each of its budgets (its named configurations, `methods.<name>.method`), paired by seed with "
+    "the baseline. A budget holds the configurations whose compute saved lies within {within:g} points of the least "
+    "in it (params `aggregate.agree_within.cost_points`): they cost the same. Δ: accuracy minus the baseline's, in "
+    "points, ± the 95% t-interval over seeds (3+ seeds; (sd) with 2). Compute saved: 100·(1 − training FLOPs / the "
+    "baseline's), exact; time saved: the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). The "
+    "best at a budget has the highest Δ; its lead is larger than the intervals when its 95% interval and the "
+    "runner-up's do not overlap. The paper's figures stand beside the configuration of the paper's own method and "
+    "setting (its name, e.g. `dfp`); the papers publish time saved, not compute."
+)
+
+
+def implementation_of(runs: list[Run]) -> dict[tuple[str, ...], str]:
+    """Per configuration (config_key), the registered method its runs trained: a named configuration's run.json
+    holds it as config.method_args `method` (as cheaptrain.methods.implementation reads it, without torch)."""
+    return {config_key(r): (r.config.get("method_args") or {}).get("method", r.method) for r in runs}
+
+
+def panel(row: dict[str, Any]) -> tuple[str, ...]:
+    """The rows one comparison holds: one study, dataset, model and recipe."""
+    return row["study"], row["dataset"], row["model"], row.get("recipe", "")
+
+
+def cost_points(summary: list[dict[str, Any]], implementations: dict[tuple[str, ...], str]) -> list[dict[str, Any]]:
+    """The method rows with a compute saving and an accuracy Δ, each with its `implementation`; by panel, then by
+    compute saved."""
+    points = [
+        row | {"implementation": implementations.get(row_key(row), row["method"])}
+        for row in summary
+        if row["method"] != BASELINE and None not in (row.get("compute_saving_pct_mean"), row.get("acc_delta_mean"))
+    ]
+    return sorted(points, key=lambda r: (panel(r), r["compute_saving_pct_mean"], r["method"]))
+
+
+def budgets(points: list[dict[str, Any]], within: float) -> list[list[dict[str, Any]]]:
+    """cost_points grouped by equal cost: within a panel, each point joins the last budget while its compute saved is
+    within `within` points of that budget's least."""
+    groups: list[list[dict[str, Any]]] = []
+    for point in points:
+        last = groups[-1][0] if groups else None
+        saved = point["compute_saving_pct_mean"]
+        if last and panel(last) == panel(point) and saved - last["compute_saving_pct_mean"] <= within:
+            groups[-1].append(point)
+        else:
+            groups.append([point])
+    return [sorted(g, key=lambda r: -r["acc_delta_mean"]) for g in groups]  # best first
+
+
+def budget_label(group: list[dict[str, Any]]) -> str:
+    low, high = (f"{f(r['compute_saving_pct_mean'] for r in group):.1f}" for f in (min, max))
+    return f"{low}%" if low == high else f"{low}–{high}%"
+
+
+def acc_interval(row: dict[str, Any]) -> tuple[float, float] | None:
+    """The 95% t-interval of the accuracy Δ over seeds; None under 3 seeds."""
+    mean, ci = row["acc_delta_mean"], row.get("acc_delta_ci95")
+    return None if ci is None else (mean - ci, mean + ci)
+
+
+def point_text(row: dict[str, Any]) -> str:
+    """'dfp_p50 (dfp): Δ -0.40 [-0.60, -0.20] points at 21.3% compute saved'."""
+    name = row["method"] if row["method"] == row["implementation"] else f"{row['method']} ({row['implementation']})"
+    found = acc_interval(row)
+    shown = f"{row['acc_delta_mean']:+.2f}" + (f" [{found[0]:+.2f}, {found[1]:+.2f}]" if found else "")
+    return f"{name}: Δ {shown} points at {row['compute_saving_pct_mean']:.1f}% compute saved"
+
+
+def budget_verdict(group: list[dict[str, Any]]) -> str:
+    """Which configuration of a budget (best first) keeps the most accuracy, and whether its lead over the runner-up
+    is larger than the 95% intervals."""
+    first = group[0]
+    where = f"{first['study'].upper()} {first['dataset']}/{first['model']}, compute saved {budget_label(group)}"
+    if len(group) == 1:
+        return f"{where}: {point_text(first)}, alone at this cost: nothing to compare with."
+    second = group[1]
+    lead = f"best {point_text(first)}; {first['acc_delta_mean'] - second['acc_delta_mean']:.2f} points ahead of "
+    ours, theirs = acc_interval(first), acc_interval(second)
+    if ours is None or theirs is None:
+        verdict = "under 3 seeds: no 95% interval to weigh the lead against"
+    elif ours[0] > theirs[1]:
+        verdict = "the lead is larger than the 95% intervals (they do not overlap)"
+    else:
+        verdict = "the lead is within the 95% intervals (they overlap): not a finding"
+    return f"{where}: {lead}{point_text(second)}; {verdict}."
+
+
+COST_COLUMNS: list[Column] = [
+    ("dataset", lambda r: r["dataset"]),
+    ("model", lambda r: r["model"]),
+    ("budget: compute saved", lambda r: r["budget"]),
+    ("method", lambda r: r["method"]),
+    ("implements", lambda r: r["implementation"]),
+    ("seeds", lambda r: str(int(r["seeds"]))),
+    ("compute saved %", lambda r: stat(r, "compute_saving_pct", 1)),
+    ("time saved % [95%]", lambda r: saving_cell(r, "time_saving_pct")),
+    ("Δ vs baseline", lambda r: stat(r, "acc_delta", sign=True)),
+    ("paper time saved %", lambda r: paper(r, "paper_time_saving_pct")),
+    ("paper Δ", lambda r: paper(r, "paper_acc_delta", sign=True)),
+]
+
+
+def cost_table(summary: list[dict[str, Any]], implementations: dict[tuple[str, ...], str], within: float) -> Table:
+    """The table "accuracy against cost": every method configuration by budget, best first, and in its note one
+    verdict per budget (budget_verdict)."""
+    groups = budgets(cost_points(summary, implementations), within)
+    rows = [[f(r | {"budget": budget_label(g)}) for _, f in COST_COLUMNS] for g in groups for r in g]
+    note = COST_NOTE.format(within=within)
+    if groups:
+        note += "\n\n" + "\n".join(f"- {budget_verdict(g)}" for g in groups)
+    else:
+        note = f"No method with a compute saving and a paired baseline in this grid yet. {note}"
+    return Table("accuracy_vs_cost", "Accuracy against cost", note, [h for h, _ in COST_COLUMNS], rows)
+
+
 # ---------------------------------------------------------------------------------------------------- markdown
 
 
@@ -696,6 +819,7 @@ def report_markdown(
     agree: dict[str, float],
     tables: list[Table],
     paper_scale_section: str,
+    cost: Table,
 ) -> str:
     """results/report.md: readable on its own (the papers' scale; then the grid's setup, differences from the papers,
     tables, findings, figures). `summary` and `runs`: the grid's configurations (grid_part)."""
@@ -742,6 +866,7 @@ def report_markdown(
     ]
     lines += ["", "## The papers' tables, with ours", ""]
     lines += [t.markdown() for t in tables]
+    lines += ["## Accuracy against cost", "", cost.markdown()]
     lines += [
         "## What matches the papers and what does not",
         "",
@@ -761,9 +886,10 @@ def report_markdown(
     titles = {
         "test_acc.png": "Test accuracy per epoch",
         "acc_vs_time.png": "Test accuracy against cumulative training time",
-        "pruned_samples.png": "Samples pruned per epoch (DFP and its random control)",
+        "pruned_samples.png": "Samples pruned per epoch (DFP, its random control, InfoBatch)",
         "wus_phases.png": "WUS phases over epochs",
         "time_saving.png": "Compute and time saved per method (95% intervals), beside the paper's",
+        "acc_vs_cost.png": "Accuracy Δ against compute and time saved, each method across its budgets",
     }
     lines += [f"![{titles[f]}](figures/{f})\n" for f in FIGURES]
     lines += [
@@ -867,7 +993,7 @@ def pruned_figure(runs: list[Run]) -> Figure:
     title = "Samples pruned per epoch (mean over seeds)"
     configs = {k: g for k, g in configurations(runs).items() if all("pruned_samples" in r.history[0] for r in g)}
     if not configs:
-        return _empty(title, "No dfp or random_prune runs in this grid yet: nothing pruned to show.")
+        return _empty(title, "No pruning method (dfp, random_prune, infobatch) in this grid yet: nothing to show.")
     panels = sorted({k[:3] for k in configs})
     fig, axes = _panels(len(panels), title)
     for ax, panel in zip(axes, panels, strict=False):
@@ -991,6 +1117,48 @@ def saving_figure(summary: list[dict[str, Any]]) -> Figure:
     return fig
 
 
+def cost_figure(summary: list[dict[str, Any]], implementations: dict[tuple[str, ...], str]) -> Figure:
+    """Per study, dataset and model: accuracy Δ (95% t-interval over seeds) against compute saved (left) and time
+    saved (right, with its 95% interval), one line per method through its budgets; the papers' points (stars) beside
+    the time saved, the only cost they publish."""
+    title = "Accuracy against cost: each method across its budgets, against the baseline (95% intervals)"
+    points = cost_points(summary, implementations)
+    if not points:
+        return _empty(title, "No method with a compute saving and a paired baseline in this grid yet.")
+    panels = list(dict.fromkeys(panel(p) for p in points))
+    fig, axes = _panels(2 * len(panels), title, cols=2)
+    axes_x = (("compute_saving_pct", "compute saved (%, exact)"), ("time_saving_pct", "time saved (%, 95% interval)"))
+    for i, key in enumerate(panels):
+        shown = [p for p in points if panel(p) == key]
+        for ax, (x, xlabel) in zip(axes[2 * i : 2 * i + 2], axes_x, strict=True):
+            ax.axhline(0, color="0.2", lw=0.8)
+            ax.plot([0], [0], marker="s", color=_color(BASELINE), ls="none", label=BASELINE)
+            for name in dict.fromkeys(p["implementation"] for p in shown):
+                line = sorted((p for p in shown if p["implementation"] == name and p.get(f"{x}_mean") is not None),
+                              key=lambda p: p[f"{x}_mean"])  # fmt: skip
+                if not line:
+                    continue
+                xs, ys = [p[f"{x}_mean"] for p in line], [p["acc_delta_mean"] for p in line]
+                yerr = [p.get("acc_delta_ci95") or 0.0 for p in line]
+                xerr = None
+                if all(p.get(f"{x}_lo") is not None for p in line):
+                    xerr = [
+                        [p[f"{x}_mean"] - p[f"{x}_lo"] for p in line],
+                        [p[f"{x}_hi"] - p[f"{x}_mean"] for p in line],
+                    ]
+                ax.errorbar(xs, ys, yerr=yerr, xerr=xerr, color=_color(name), marker="o", capsize=3, lw=1.6, label=name)
+                for p, px, py in zip(line, xs, ys, strict=True):
+                    ax.annotate(p["method"], (px, py), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            published = [p for p in shown if None not in (p.get("paper_time_saving_pct"), p.get("paper_acc_delta"))]
+            for p in published if x == "time_saving_pct" else []:
+                ax.plot(p["paper_time_saving_pct"], p["paper_acc_delta"], marker="*", ms=13, mfc="white", ls="none",
+                        mec=_color(p["implementation"]), label=f"paper: {p['method']}")  # fmt: skip
+            ax.set(title=f"{key[0]} study · {key[1]} · {key[2]}", xlabel=xlabel, ylabel="accuracy Δ (points)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    return fig
+
+
 def figures(summary: list[dict[str, Any]], runs: list[Run]) -> dict[str, Figure]:
     return {
         "test_acc.png": curve_figure(runs, "epoch", "epoch", "Test accuracy per epoch (mean over seeds, band: ±1 sd)"),
@@ -1000,6 +1168,7 @@ def figures(summary: list[dict[str, Any]], runs: list[Run]) -> dict[str, Figure]
         "pruned_samples.png": pruned_figure(runs),
         "wus_phases.png": phases_figure(runs),
         "time_saving.png": saving_figure(summary),
+        "acc_vs_cost.png": cost_figure(summary, implementation_of(runs)),
     }
 
 
@@ -1084,7 +1253,7 @@ def log_to_mlflow(
 def agreement(params: dict[str, Any]) -> dict[str, float]:
     """Params `aggregate.agree_within`: how close to the paper's figure counts as matching, in points."""
     given = (params.get("aggregate") or {}).get("agree_within") or {}
-    agree = {"acc_points": 0.5, "saving_points": 3.0}
+    agree = {"acc_points": 0.5, "saving_points": 3.0, "cost_points": 3.0}  # cost: a budget's width
     unknown = [k for k in given if k not in agree]
     bad = [k for k, v in given.items() if k in agree and not (isinstance(v, int | float) and v >= 0)]
     if unknown or bad:
@@ -1118,7 +1287,8 @@ def write_results(
     rows, runs = grid_part(summary, all_runs)
     tables = paper_tables(rows)
     scale, scale_tables = paper_scale(summary, all_runs, published, agree)
-    report = report_markdown(rows, runs, run_devices(runs), {k[:3] for k in published}, agree, tables, scale)
+    cost = cost_table(rows, implementation_of(runs), agree["cost_points"])
+    report = report_markdown(rows, runs, run_devices(runs), {k[:3] for k in published}, agree, tables, scale, cost)
     figs = figures(rows, runs)
     metrics = headline(summary)
     files: dict[str, str | bytes] = {
@@ -1136,7 +1306,7 @@ def write_results(
     run_id = log_to_mlflow(
         summary,
         runs,
-        tables + scale_tables,
+        [*tables, cost, *scale_tables],
         figs,
         metrics,
         [out / f for f in ("summary.csv", "report.md", "metrics.json")],
