@@ -112,7 +112,15 @@ def quick(tmp_path_factory, shared_archive) -> Path:
     # the copy lives in a temporary folder, so "../shared" must come from the environment variable
     env = {"CIFAR10_SOURCE": str(shared_archive), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
     result = run_in(repo, "python", "-m", "cheaptrain.quick", env=env)
+    status = run_in(repo, "git", "status", "--porcelain", "--untracked-files=no").stdout
     (repo / "quick.log").write_text(result.stdout + result.stderr)
+    (repo / "quick.status").write_text(status)  # what `git status` showed right after it: nothing, it must be
+    # the tests read the params the experiment ran with from params.yaml, as a checkout after `dvc exp apply` would
+    from dvc.utils.hydra import apply_overrides
+
+    from cheaptrain.quick import overrides
+
+    apply_overrides(repo / "params.yaml", overrides(yaml.safe_load((repo / "params.quick.yaml").read_text())))
     return repo
 
 

@@ -11,6 +11,11 @@ from conftest import grid, read_csv, run_in
 pytestmark = pytest.mark.e2e
 
 
+def test_the_quickstart_leaves_the_checkout_as_it_found_it(quick):
+    assert (quick / "quick.status").read_text() == "", "make quickstart modified tracked files"
+    assert not list(quick.glob("ledger/*/*")), "the quick setting records nothing in the ledger"
+
+
 def test_quick_setting_is_lenet_on_cifar10_for_ten_epochs(quick):
     runs = list(grid(quick))
     assert runs and all("cifar10-lenet-" in name and epochs == 10 for _, name, epochs in runs)

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -327,6 +328,7 @@ class _ArchiveHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         body = self.server.body  # type: ignore[attr-defined]
         self.send_response(200)
+        self.send_header("Content-Type", getattr(self.server, "content_type", "application/gzip"))
         if getattr(self.server, "send_length", True):
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -365,6 +367,18 @@ def test_truncated_download_of_unknown_length_leaves_nothing_in_the_cache(tmp_pa
     assert list((tmp_path / "cache").iterdir()) == []  # the incomplete archive is not kept as if it were good
     http_server.truncate = False
     assert_retry_succeeds(tmp_path, url)
+
+
+def test_a_web_page_served_instead_of_the_archive_is_named_by_its_url(tmp_path: Path, http_server) -> None:
+    http_server.body, http_server.truncate = b"<html><body>Download CIFAR-10 here</body></html>", False
+    url = f"http://127.0.0.1:{http_server.server_port}/cifar-10.tar.gz"
+    http_server.content_type = "text/html; charset=utf-8"
+    with pytest.raises(DataError, match=rf"{re.escape(url)} is a web page \(text/html\), not an archive"):
+        prepare_dataset("cifar10", url, tmp_path / "out", tmp_path / "cache", progress=False)
+    http_server.content_type = "application/octet-stream"  # a server that does not say: the archive tells
+    with pytest.raises(DataError, match=rf"What {re.escape(url)} sent is unusable \(the download was deleted\)"):
+        prepare_dataset("cifar10", url, tmp_path / "out", tmp_path / "cache", progress=False)
+    assert list((tmp_path / "cache").iterdir()) == [] and not (tmp_path / "out").exists()
 
 
 def test_the_partial_download_of_a_killed_run_is_removed(tmp_path: Path, http_server) -> None:

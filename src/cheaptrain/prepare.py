@@ -153,10 +153,11 @@ def prepare_dataset(
             _check_sha256(path, sha, expected)
             archive = {"file": path.name, "sha256": sha, "md5": md5}
             splits, classes, layout = _read_archive(info, path, md5, expected, progress)
-        except DataError:
-            if downloaded:  # a server that sent less than it said, or the wrong file: never keep it in the cache
-                path.unlink(missing_ok=True)
-            raise
+        except DataError as e:
+            if not downloaded:
+                raise
+            path.unlink(missing_ok=True)  # a server that sent less than it said, or the wrong file: never cached
+            raise DataError(f"What {resolved} sent is unusable (the download was deleted): {e}") from e
     if len(classes) != info.num_classes:
         raise DataError(
             f"{resolved} has {len(classes)} classes, but {info.name} has {info.num_classes}: "
@@ -235,6 +236,11 @@ def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None
     tmp = cache_dir / f".{dest.name}.download-{os.getpid()}"
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, tmp.open("wb") as f:
+            if (response.headers.get("Content-Type") or "").startswith("text/html"):
+                raise DataError(
+                    f"{url} is a web page (text/html), not an archive: the link leads to a download page, not to "
+                    f"the file itself. Give the direct link to the archive. {_local_hint(info)}"
+                )
             size = int(response.headers.get("Content-Length") or 0)
             with tqdm(
                 total=size or None,

@@ -4,8 +4,9 @@
     python -m cheaptrain.quick --dry-run          # print the command only
     python -m cheaptrain.quick -- --temp          # anything after -- goes to `dvc exp run`
 
-The experiment runs in the workspace: afterwards params.yaml holds the quick values (`git checkout params.yaml`
-returns to the papers' setting) and `dvc exp show` lists it beside the others.
+The experiment runs in the workspace, so its runs, results and MLflow runs land there; then params.yaml is put back
+as it was, so that the checkout is unchanged (`git status` clean) and a later `dvc repro` trains the papers' setting,
+not the quick one. `dvc exp show` lists the experiment with its quick params.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from cheaptrain import atomic_write
 
 
 def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
@@ -42,8 +45,15 @@ def main(argv: list[str] | None = None) -> None:
     extra = args.dvc_args[1:] if args.dvc_args[:1] == ["--"] else args.dvc_args
     command = ["dvc", "exp", "run", *[a for o in overrides(overlay) for a in ("-S", o)], *extra]
     print(shlex.join(command), flush=True)
-    if not args.dry_run:
-        sys.exit(subprocess.run(command).returncode)
+    if args.dry_run:
+        return
+    params = Path("params.yaml")
+    original = params.read_bytes()
+    try:
+        returncode = subprocess.run(command).returncode
+    finally:
+        atomic_write(params, original)  # `dvc exp run -S` wrote the overlay into it
+    sys.exit(returncode)
 
 
 if __name__ == "__main__":
