@@ -4,6 +4,7 @@ store. Small synthetic data and LeNet throughout; the real stages run in throwaw
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import http.server
 import json
@@ -21,8 +22,8 @@ import torch
 import yaml
 from reliability_methods import Poison, Stateful
 
-from cheaptrain import UserError, runner
-from cheaptrain.config import ConfigError, RunConfig, resolve_run, validate_grid
+from cheaptrain import ConfigError, UserError, runner
+from cheaptrain.config import RunConfig, resolve_run, validate_grid
 from cheaptrain.methods import METHODS
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import checkpoint_path, train_run
@@ -643,6 +644,34 @@ def test_the_stage_lists_every_bad_param_of_the_grid_and_exits_2_before_any_work
     assert "every run of the grid has valid params" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"dfp": {"prune_num": 256}}, "methods.dfp.prune_num: 256 prunes 256 of the 256 training samples"),
+        ({"wus": {"bias_layers": 10000}}, "methods.wus.bias_layers: 10000 exceeds the 5 layers with parameters"),
+        ({"dfp": {"starting_point": 5, "attenuation": 1, "window": 6, "block": 2, "count": 1}},
+         "methods.dfp: the schedule plans no pruning epoch in this run's 6 epochs"),
+        (None, "methods: missing; accepted: a mapping of method name"),
+    ],
+)  # fmt: skip
+def test_check_names_what_only_the_run_tells_and_no_run_leaves_anything_behind(tmp_path, change, problem):
+    repo = make_repo(tmp_path / "repo", None)  # prepared data of 256 training images, LeNet, 6 epochs
+    params = small_params(methods=("baseline", "dfp") if change and "dfp" in change else ("baseline", "wus"))
+    if change is None:
+        del params["methods"]
+    else:
+        params["methods"] |= change
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    method = next(iter(change)) if change else "wus"
+    study = "dfp" if method == "dfp" else "wus"
+    run = ["--study", study, "--dataset", "cifar10", "--model", "lenet", "--method", method, "--seed", "0"]
+    for args in (["--check"], run):
+        result = run_in(repo, "python", "stages/train.py", *args, check=False)
+        assert result.returncode == 2 and problem in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (repo / "checkpoints").exists() and not (repo / "runs").exists() and not (repo / "mlflow.db").exists()
+
+
 def _models() -> list[str]:
     from cheaptrain.models import MODELS
 
@@ -712,3 +741,28 @@ def test_the_download_stage_fails_in_one_paragraph_leaves_nothing_and_a_retry_su
 
 
 # --- the code a checkpoint depends on ----------------------------------------------------------------------
+
+
+# --- threads: a fair share of the cores ---------------------------------------------------------------------
+
+
+def test_auto_threads_share_the_cores_with_the_trainings_running_now_and_are_recorded(workdir, monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("CHEAPTRAIN_THREADS", raising=False)
+    cfg = dataclasses.replace(config(), threads="auto", recipe=dataclasses.replace(config().recipe, epochs=1))
+    other = workdir / "checkpoints" / "wus" / "another-run.lock"  # another training of this repository, running
+    other.parent.mkdir(parents=True)
+    with open(other, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        train_run(cfg)
+    shared = json.loads((workdir / "runs/dfp" / NAME / "run.json").read_text())["threads"]
+    assert shared == [max(1, cores // 2)]
+    assert read_csv(workdir / "runs/dfp" / NAME / "history.csv")[0]["threads"] == str(max(1, cores // 2))
+    train_run(dataclasses.replace(cfg, seed=1))  # alone now
+    alone = json.loads((workdir / "runs/dfp" / "cifar10-lenet-stateful-s1" / "run.json").read_text())["threads"]
+    assert alone == [cores]
+    monkeypatch.setenv("CHEAPTRAIN_THREADS", "1")
+    assert runner.cpu_threads("auto") == 1 and runner.cpu_threads(2) == 1
+    monkeypatch.setenv("CHEAPTRAIN_THREADS", "many")
+    with pytest.raises(UserError, match="CHEAPTRAIN_THREADS='many' is invalid"):
+        runner.cpu_threads("auto")
