@@ -1,0 +1,282 @@
+"""GPU check: what a CUDA machine shows of this project's training, in one command (meant to take under 10 minutes
+on one H100). Needs PyTorch with numpy, PyYAML and tqdm; pytest only for the tests; no MLflow, no DVC.
+
+    python benchmarks/gpu_check.py OUT [--device cuda] [--quick] [--models lenet resnet18 ...] [--threads N]
+
+Writes under the folder OUT, and prints:
+  cuda_tests.log   `pytest -m cuda tests/test_gpu.py` (skipped, saying why, without CUDA or without pytest)
+  throughput.csv   training images per second per model (lenet, alexnet, vgg11, vgg16, resnet18, wrn16) at batch
+                   128, eager and compiled (train.compile), fp32 and bf16 autocast (train.amp; "fp32" convolutions
+                   run in TF32, PyTorch's default): this project's loop (trainer.train_epoch: batches gathered,
+                   cropped and flipped on the device, per-sample losses, SGD) on synthetic images, in steady state:
+                   after an untimed first epoch (compiling, allocating), the median of the timed epochs, each timed
+                   between two device synchronisations
+  methods.csv      every registered method for 2 epochs of LeNet (trainer.fit, with evaluation), eager and compiled,
+                   under the device's default autocast: per epoch its samples, pruning, phase, loss, accuracy, time,
+                   and the graphs compiled so far
+  concurrency.csv  the aggregate training images per second of N processes training at once on the one device
+                   (N = 1, 2, 4, 8), each eager with the device's default autocast and cores / N CPU threads (or
+                   --threads), for the small models (lenet, alexnet); timed from the first process's start to the
+                   last one's end, after all have warmed up
+  gpu_check.txt    everything printed
+The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. The exit status is
+1 when the cuda tests fail.
+
+`--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
+N = 1, 2.
+"""
+
+import argparse
+import csv
+import importlib.util
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+try:
+    import torch
+    from torch._dynamo.utils import counters
+
+    from cheaptrain import positive_int
+    from cheaptrain.config import Recipe, RunConfig
+    from cheaptrain.data import Split
+    from cheaptrain.methods import METHODS, Method, create_method
+    from cheaptrain.trainer import fit, prepare, train_epoch
+except ModuleNotFoundError as missing:  # the project's light dependencies: no MLflow, no DVC
+    sys.exit(f"error: gpu_check needs PyTorch, numpy, PyYAML and tqdm: {missing}")
+
+MODELS = ("lenet", "alexnet", "vgg11", "vgg16", "resnet18", "wrn16")
+SMALL_MODELS = ("lenet", "alexnet")  # the concurrency measurement: models too small to fill the device alone
+METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip before epoch 5, so it trains normally
+    "dfp": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
+    "random_prune": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
+    "wus": dict(std_window=2),
+    "wus_lr": dict(std_window=2),
+}
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+PAYS_WITHIN = 0.95  # the smallest N whose aggregate throughput is within 5% of the best
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batch: int
+    batches: int  # per epoch
+    timed_epochs: int
+    method_samples: int
+    processes: tuple[int, ...]
+
+
+FULL = Sizes(batch=128, batches=50, timed_epochs=3, method_samples=4096, processes=(1, 2, 4, 8))
+QUICK = Sizes(batch=32, batches=2, timed_epochs=2, method_samples=80, processes=(1, 2))
+
+
+def synthetic_split(n: int, seed: int) -> Split:
+    """Random images whose mean colour carries the label (as tests/conftest.py's): learnable, no download."""
+    generator = torch.Generator().manual_seed(seed)
+    palette = torch.randint(0, 256, (10, 3), generator=torch.Generator().manual_seed(12345))
+    labels = torch.randint(0, 10, (n,), generator=generator)
+    noise = 40 * torch.randn(n, 32, 32, 3, generator=generator)
+    images = (palette[labels][:, None, None, :] + noise).clamp(0, 255).to(torch.uint8)
+    return Split(images=images.numpy(), labels=labels.numpy(), classes=[f"c{i}" for i in range(10)])
+
+
+def config(model: str, device: str, compile: bool, amp: str, batch: int, epochs: int = 1, method: str = "baseline"):
+    """The DFP recipe's optimizer and augmentation (SGD with momentum, crop and flip), at a constant lr."""
+    recipe = Recipe(epochs=epochs, batch_size=batch, lr=0.01, momentum=0.9, weight_decay=5e-4, nesterov=False,
+                    schedule="multistep", augment=True)  # fmt: skip
+    return RunConfig(study="gpu_check", dataset="cifar10", model=model, method=method, seed=0, recipe=recipe,
+                     method_args=METHOD_KNOBS.get(method, {}), device=device, amp=amp, compile=compile)  # fmt: skip
+
+
+def steady_rate(cfg: RunConfig, sizes: Sizes) -> tuple[float, float]:
+    """(images per second in steady state, seconds of the untimed first epoch) of cfg's training loop."""
+    train = synthetic_split(sizes.batch * sizes.batches, seed=1)
+    t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
+    first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
+    rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
+    return statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows), first
+
+
+class Report:
+    """Prints, and keeps what it printed for gpu_check.txt; writes the CSV files."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.log = out, out / "gpu_check.txt"
+        self.log.write_text("")
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        with open(self.out / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        self.say(f"-> {self.out / name}")
+
+
+def cuda_tests(report: Report, device: torch.device) -> bool:
+    """Run the `cuda` tests; False only when they ran and failed."""
+    if device.type != "cuda":
+        report.say("cuda tests: skipped (the device is not CUDA)")
+        return True
+    if importlib.util.find_spec("pytest") is None:
+        report.say("cuda tests: skipped: pytest is not installed (pip install pytest)")
+        return True
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    paths = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))  # uninstalled, too
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": paths})
+    (report.out / "cuda_tests.log").write_text(done.stdout + done.stderr)
+    summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    report.say(f"cuda tests: {summary} -> {report.out / 'cuda_tests.log'}")
+    return done.returncode == 0
+
+
+def throughput(report: Report, device: torch.device, models: list[str], sizes: Sizes) -> None:
+    report.say(f"training images/s at batch {sizes.batch} (median of {sizes.timed_epochs} epochs of {sizes.batches} "
+               "batches after one untimed; first = seconds of that first epoch, compiling included)")  # fmt: skip
+    report.say(f"{'model':10} {'setting':14} {'images/s':>10} {'first s':>8}")
+    rows = []
+    for model in models:
+        for compile in (False, True):
+            for amp in ("off", "bf16"):
+                torch._dynamo.reset()  # each compiled setting starts empty, far from the recompile limit
+                rate, first = steady_rate(config(model, str(device), compile, amp, sizes.batch), sizes)
+                setting = f"{'compiled' if compile else 'eager'} {'bf16' if amp == 'bf16' else 'fp32'}"
+                report.say(f"{model:10} {setting:14} {rate:10.0f} {first:8.1f}")
+                rows.append({"model": model, "compile": compile, "amp": "bf16" if amp == "bf16" else "fp32",
+                             "batch": sizes.batch, "images_per_s": round(rate, 1), "first_epoch_s": round(first, 2),
+                             "device": device_name(device)})  # fmt: skip
+    report.table("throughput.csv", rows)
+
+
+def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
+    """Every registered method, 2 epochs, eager then compiled (the graphs: compiled in this run so far)."""
+    train, test = synthetic_split(sizes.method_samples, seed=1), synthetic_split(sizes.method_samples // 4, seed=2)
+    report.say(f"every method, 2 epochs of LeNet on {len(train.labels)} samples, batch {sizes.batch}")
+    report.say(f"{'method':14} {'setting':9} epoch samples pruned phase  loss   acc  train s graphs")
+    rows = []
+    for compile in (False, True):
+        torch._dynamo.reset()
+        for name in METHODS:
+            graphs_before = counters["stats"]["unique_graphs"]
+            cfg = config("lenet", str(device), compile, "auto", sizes.batch, epochs=2, method=name)
+            for epoch in fit(cfg, train, test, create_method(name, cfg.method_args)):
+                graphs = counters["stats"]["unique_graphs"] - graphs_before  # compiled in this run, so far
+                row = {"method": name, "compile": compile, "epoch": epoch["epoch"],
+                       "samples": epoch["trained_samples"], "pruned": epoch.get("pruned_samples", 0),
+                       "phase": epoch.get("phase", ""), "train_loss": round(epoch["train_loss"], 4),
+                       "test_acc": epoch["test_acc"], "epoch_train_s": round(epoch["epoch_train_s"], 3),
+                       "graphs": graphs if compile else ""}  # fmt: skip
+                rows.append(row)
+                report.say(f"{name:14} {'compiled' if compile else 'eager':9} {row['epoch']:5} {row['samples']:7} "
+                           f"{row['pruned']:6} {row['phase']!s:5} {row['train_loss']:6.3f} {row['test_acc']:5.1f} "
+                           f"{row['epoch_train_s']:8.3f} {row['graphs']!s:>6}")  # fmt: skip
+    report.table("methods.csv", rows)
+
+
+def worker(model: str, device: str, sizes: Sizes, threads: int, barrier: Any, results: Any) -> None:
+    """One of N training processes: warm up, wait for the others, train the timed epochs, report."""
+    try:
+        torch.set_num_threads(threads)
+        train = synthetic_split(sizes.batch * sizes.batches, seed=1)
+        cfg = config(model, device, False, "auto", sizes.batch)
+        t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
+        train_epoch(t, 1, cfg.recipe.lr)
+        barrier.wait()
+        start = time.monotonic()  # one clock for all processes (CLOCK_MONOTONIC)
+        samples = sum(train_epoch(t, e, cfg.recipe.lr)["trained_samples"] for e in range(2, 2 + sizes.timed_epochs))
+        results.put({"samples": samples, "start": start, "end": time.monotonic()})
+    except BaseException:
+        barrier.abort()  # the others stop waiting
+        results.put({"error": traceback.format_exc()})
+
+
+def aggregate_rate(model: str, device: torch.device, sizes: Sizes, n: int, threads: int | None) -> float:
+    """Training images per second of `n` processes at once, from the first start to the last end."""
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    barrier, results = context.Barrier(n), context.Queue()
+    threads = threads or max(1, CORES // n)
+    processes = [context.Process(target=worker, args=(model, str(device), sizes, threads, barrier, results))
+                 for _ in range(n)]  # fmt: skip
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=900) for _ in processes]
+    for process in processes:
+        process.join()
+    if errors := [r["error"] for r in reports if "error" in r]:
+        raise RuntimeError(f"a training process of {model} (N = {n}) failed:\n{errors[0]}")
+    span = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    return sum(r["samples"] for r in reports) / span
+
+
+def concurrency(report: Report, device: torch.device, models: list[str], sizes: Sizes, threads: int | None) -> None:
+    report.say(f"N training processes at once on {device_name(device)}: aggregate images/s (batch {sizes.batch}, "
+               "eager, the device's default autocast)")  # fmt: skip
+    rows = []
+    for model in models:
+        rates = {n: aggregate_rate(model, device, sizes, n, threads) for n in sizes.processes}
+        pays = min(n for n, rate in rates.items() if rate >= PAYS_WITHIN * max(rates.values()))
+        for n, rate in rates.items():
+            rows.append({"model": model, "processes": n, "images_per_s": round(rate, 1),
+                         "vs_one_process": round(rate / rates[1], 2), "pays": n == pays})  # fmt: skip
+        line = ", ".join(f"N = {n}: {rate:.0f} ({rate / rates[1]:.2f}x)" for n, rate in rates.items())
+        report.say(f"{model}: {line}")
+        report.say(f"{model}: N = {pays} pays ({rates[pays] / rates[1]:.2f}x the images/s of one process)")
+    report.table("concurrency.csv", rows)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="folder for the CSV files and the log (created)")
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, LeNet only: checks this script")
+    parser.add_argument("--models", nargs="+", choices=MODELS, help="throughput models (default: all; --quick: lenet)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    args = parser.parse_args()
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device}: not a device name (accepted: cuda, cuda:N, cpu)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = QUICK if args.quick else FULL
+    models = args.models or (["lenet"] if args.quick else list(MODELS))
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = Report(args.out)
+    report.say(f"gpu_check on {device_name(device)}: torch {torch.__version__}, CUDA {torch.version.cuda}")
+    started = time.perf_counter()
+    passed = cuda_tests(report, device)
+    sections = [
+        lambda: throughput(report, device, models, sizes),
+        lambda: methods(report, device, sizes),
+        lambda: concurrency(report, device, [m for m in SMALL_MODELS if m in models] or ["lenet"], sizes, args.threads),
+    ]
+    for section in sections:
+        report.say(f"({time.perf_counter() - started:.0f} s so far)")
+        report.say()
+        section()
+    report.say(f"({time.perf_counter() - started:.0f} s in all)")
+    sys.exit(0 if passed else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""`train.compile` and bf16 autocast on CPU, through the real loop on small synthetic data: every method decides
+under compile and bf16 as it does in eager fp32, reaches the same accuracy, and compiles each kind of epoch once.
+
+Each setting's run trains once (cached) and is read by several tests. The recipe (LeNet, batch 32, lr 0.01 halved
+every 2 epochs, 600 samples of 4 classes) learns the synthetic task to 100% test accuracy by epoch 4, before WUS
+starts skipping, so a setting that trains worse falls visibly short of it.
+"""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from cheaptrain.methods import create_method
+from cheaptrain.methods.wus import SKIP
+from cheaptrain.trainer import fit
+
+from conftest import small_config, synthetic_split
+
+METHODS = ("baseline", "dfp", "random_prune", "wus", "wus_lr")
+# 600 = 18 batches of 32 + 24: every full epoch ends with a partial batch; a DFP pruning epoch 500 = 15 x 32 + 20.
+# 4 of the model's 10 classes, far apart in colour: LeNet learns them from any seed (with all 10, some seeds stall
+# for epochs with two close colours confused, and a perturbed run then ends elsewhere).
+TRAIN, TEST = synthetic_split(600, num_classes=4, seed=1), synthetic_split(200, num_classes=4, seed=2)
+PRUNING = dict(window=3, starting_point=1, attenuation=1.0, block=2, count=1, prune_num=100)  # prunes epochs 2, 4, 8
+# Two accuracies in [0, 100] never spread 100 points, so every epoch from the second is stable: the phases follow from
+# the epoch and the lr alone. Initial epoch 4; wus skips from epoch 5 (patience 100 never runs out in 8 epochs);
+# wus_lr falls back for each epoch whose lr changed (5 and 7): N N N N N S N S.
+ALWAYS_STABLE = dict(std_window=2, std_threshold=100.0)
+KNOBS = {
+    "dfp": PRUNING,
+    "random_prune": PRUNING,
+    "wus": ALWAYS_STABLE | dict(patience=100),
+    "wus_lr": ALWAYS_STABLE | dict(lr_fallback="one_epoch"),
+}
+# what a method decides and what the loop counts
+DECISIONS = ("epoch", "lr", "trained_samples", "train_flops", "pruned_samples", "phase", "updated_params")
+# normal training (the full batches; the other sizes), evaluation, skip training (both): under recompile_limit (8)
+MAX_GRAPHS = 5
+
+
+@dataclasses.dataclass
+class Run:
+    history: list[dict] = dataclasses.field(default_factory=list)
+    graphs: list[int] = dataclasses.field(default_factory=list)  # graphs compiled so far, after each epoch
+    params: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)  # after each epoch
+    counts: list[torch.Tensor] = dataclasses.field(default_factory=list)  # DFP's dropping counts after each epoch
+    first_losses: torch.Tensor | None = None  # the per-sample losses of the first batch
+
+
+@functools.cache
+def run(method: str, compile: bool, amp: str, device: str = "cpu") -> Run:
+    """8 epochs of `method`, compiled or not, under `amp`; compiling from an empty in-memory cache."""
+    cfg = small_config(epochs=8, method=method, lr=0.01, schedule="step", step_size=2, gamma=0.5, milestones=())
+    cfg = dataclasses.replace(cfg, compile=compile, amp=amp, device=device)
+    trainer = create_method(method, KNOBS.get(method, {}))
+    result = Run()
+    hook = trainer.on_batch_end
+
+    def keep_first_losses(indices, losses):
+        if result.first_losses is None:
+            result.first_losses = losses.clone()
+        hook(indices, losses)
+
+    def record(history, state):
+        result.graphs.append(counters["stats"]["unique_graphs"] - graphs_before)
+        result.params.append({k: v.detach().clone() for k, v in state["model"].items()})
+        if hasattr(trainer, "counts"):
+            result.counts.append(trainer.counts.clone())
+
+    trainer.on_batch_end = keep_first_losses
+    torch._dynamo.reset()  # forgets the graphs of earlier runs (the counters keep counting)
+    graphs_before = counters["stats"]["unique_graphs"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a compiled CPU kernel's threads wait for each other: 20x slower on a busy machine
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # no silent fall-back to eager
+            result.history = fit(cfg, TRAIN, TEST, trainer, on_epoch_end=record)
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    return result
+
+
+def decisions(history: list[dict]) -> list[dict]:
+    return [{k: row[k] for k in DECISIONS if k in row} for row in history]
+
+
+def relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (b / a - 1).abs().max().item()
+
+
+def check_each_kind_of_epoch_compiles_once(compiled: Run, most: int = MAX_GRAPHS) -> None:
+    """No graph compiled in an epoch whose kind (samples trained, phase) ran before; `most` graphs in all."""
+    kinds = [(row["trained_samples"], row.get("phase")) for row in compiled.history]
+    for epoch in range(1, len(kinds)):
+        if kinds[epoch] in kinds[:epoch]:
+            assert compiled.graphs[epoch] == compiled.graphs[epoch - 1], f"epoch {epoch + 1} recompiled"
+    assert 1 <= compiled.graphs[-1] <= most
+
+
+def check_skip_epochs_change_only_the_kept_bias(run: Run) -> None:
+    """A skip epoch changes the classifier's bias alone, bitwise; every other epoch changes every parameter."""
+    for epoch in range(1, len(run.history)):
+        before, after = run.params[epoch - 1], run.params[epoch]
+        changed = {name for name in after if not torch.equal(before[name], after[name])}
+        expected = {"classifier.bias"} if run.history[epoch]["phase"] == SKIP else set(after)
+        assert changed == expected, f"epoch {epoch + 1}"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_decides_under_compile_and_bf16_as_in_eager_fp32(method):
+    """Pruning epochs and numbers, phases and updated parameters follow from the epoch, the lr and the schedule here
+    (KNOBS), so they must be identical; so must the samples and FLOPs the loop counts."""
+    eager, compiled = run(method, False, "off"), run(method, True, "bf16")
+    assert decisions(compiled.history) == decisions(eager.history)
+    if method in ("dfp", "random_prune"):
+        assert [row["pruned_samples"] for row in compiled.history] == [0, 100, 0, 100, 0, 0, 0, 100]
+    if method == "wus":
+        assert [row["phase"] for row in compiled.history] == [0, 0, 0, 0, 1, 1, 1, 1]
+    if method == "wus_lr":
+        assert [row["phase"] for row in compiled.history] == [0, 0, 0, 0, 0, 1, 0, 1]
+
+
+SETTINGS = [(m, True, "bf16") for m in METHODS] + [("dfp", False, "bf16"), ("dfp", True, "off")]
+
+
+@pytest.mark.parametrize(("method", "compile", "amp"), SETTINGS)
+def test_compile_and_bf16_reach_the_eager_fp32_accuracy(method, compile, amp):
+    """Within 3 points (6 of the 200 test images) at the last epoch. bf16 rounds the inputs of every matrix product
+    to 8 significant bits, so the runs drift apart like two slightly different runs, but both reach 100% on this
+    task; a setting that trains worse (no learning, frozen or diverging weights) ends tens of points lower."""
+    eager, other = run(method, False, "off"), run(method, compile, amp)
+    assert eager.history[-1]["test_acc"] >= 95  # the reference learns the task
+    assert other.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
+    assert other.history[-1]["train_loss"] < 0.1 * other.history[0]["train_loss"]
+
+
+def test_compiled_fp32_computes_the_eager_losses_up_to_float_rounding():
+    """Compiling fuses and reorders float32 arithmetic, nothing else: the first batch (the same weights, the same
+    images) gives the same losses to 1e-6, and every epoch's losses stay within 1e-3 relative (rounding differences
+    carried from step to step; bf16 moves them by 1e-2 and more) and its accuracy within one test image."""
+    eager, compiled = run("dfp", False, "off"), run("dfp", True, "off")
+    assert relative_gap(eager.first_losses, compiled.first_losses) < 1e-6
+    for a, b in zip(eager.history, compiled.history, strict=True):
+        assert (b["train_loss"], b["test_loss"]) == pytest.approx((a["train_loss"], a["test_loss"]), rel=1e-3)
+        assert b["test_acc"] == pytest.approx(a["test_acc"], abs=0.5)
+
+
+def test_compiled_bf16_computes_in_bf16():
+    """Autocast reaches the compiled graph: its first batch's losses leave the fp32 ones by more than 1e-5 relative
+    (bf16 rounding; the compiled fp32 run's stay within 1e-6), and agree with eager bf16's."""
+    eager, compiled, eager_bf16 = run("dfp", False, "off"), run("dfp", True, "bf16"), run("dfp", False, "bf16")
+    assert relative_gap(eager.first_losses, compiled.first_losses) > 1e-5
+    assert relative_gap(eager_bf16.first_losses, compiled.first_losses) < 1e-5
+
+
+def test_compiled_dfp_in_fp32_counts_and_prunes_as_eager():
+    """From the same data (the same weights up to float rounding, the same batches) the dropping counts after every
+    epoch are the same, and so are the samples every pruning epoch leaves out."""
+    eager, compiled = run("dfp", False, "off"), run("dfp", True, "off")
+    assert len(compiled.counts) == 8 and compiled.counts[-1].sum() > 0
+    assert all(torch.equal(a, b) for a, b in zip(eager.counts, compiled.counts, strict=True))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_kind_of_epoch_seen_before_compiles_nothing(method):
+    """The graphs a run compiles stop growing once each kind of epoch (its batch sizes, its trainable parameters)
+    has run: DFP's shorter epochs and last partial batches reuse the dynamic-batch graph, and WUS's phase flips
+    find their graphs again; the total stays under torch's recompile limit."""
+    check_each_kind_of_epoch_compiles_once(run(method, True, "bf16"))
+
+
+def test_a_compiled_skip_epoch_changes_only_the_kept_biases():
+    """Under compile the graph of a skip epoch computes no gradient for the frozen weights: SGD leaves them bitwise
+    untouched while the classifier's bias trains, and a normal epoch after skipping changes every parameter."""
+    check_skip_epochs_change_only_the_kept_bias(run("wus_lr", True, "bf16"))

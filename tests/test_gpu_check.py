@@ -1,0 +1,69 @@
+"""benchmarks/gpu_check.py, checked on the CPU in its --quick mode: every section runs and writes its table."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cheaptrain.methods import METHODS
+
+from conftest import REPO, read_csv
+
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    command = [sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--quick", "--threads", "1"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, done.stdout
+
+
+def test_quick_mode_measures_eager_and_compiled_fp32_and_bf16(quick):
+    out, _ = quick
+    rows = read_csv(out / "throughput.csv")
+    assert [(r["model"], r["compile"], r["amp"]) for r in rows] == [
+        ("lenet", "False", "fp32"), ("lenet", "False", "bf16"), ("lenet", "True", "fp32"), ("lenet", "True", "bf16"),
+    ]  # fmt: skip
+    assert all(float(r["images_per_s"]) > 0 and r["batch"] == "32" for r in rows)
+
+
+def test_quick_mode_trains_every_method_eager_and_compiled(quick):
+    out, _ = quick
+    rows = read_csv(out / "methods.csv")
+    assert {(r["method"], r["compile"], r["epoch"]) for r in rows} == {
+        (m, c, e) for m in METHODS for c in ("False", "True") for e in ("1", "2")
+    }
+    dfp = {(r["compile"], r["epoch"]): r for r in rows if r["method"] == "dfp"}
+    for compile in ("False", "True"):  # 80 samples; epoch 1 prunes 30%
+        assert (dfp[compile, "1"]["samples"], dfp[compile, "1"]["pruned"]) == ("56", "24")
+        assert (dfp[compile, "2"]["samples"], dfp[compile, "2"]["pruned"]) == ("80", "0")
+    compiled = [r for r in rows if r["compile"] == "True"]
+    assert int(compiled[0]["graphs"]) >= 1  # the first compiled run compiles; all compiled runs share the model
+    assert all(int(r["graphs"]) <= 8 for r in compiled)
+
+
+def test_quick_mode_measures_concurrent_processes_and_names_the_n_that_pays(quick):
+    out, printed = quick
+    rows = read_csv(out / "concurrency.csv")
+    assert [(r["model"], r["processes"]) for r in rows] == [("lenet", "1"), ("lenet", "2")]
+    assert all(float(r["images_per_s"]) > 0 for r in rows) and rows[0]["vs_one_process"] == "1.0"
+    pays = [r["processes"] for r in rows if r["pays"] == "True"]
+    assert len(pays) == 1 and f"lenet: N = {pays[0]} pays" in printed
+    assert "cuda tests: skipped" in printed
+    assert (out / "gpu_check.txt").read_text().strip() == printed.strip()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_asking_for_cuda_without_it_is_a_one_line_error(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("CUDA is not available here (--device cpu --quick checks the script)")
+    )
+    assert "Traceback" not in done.stderr
