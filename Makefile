@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench server
+.PHONY: quickstart test lint bench server gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ lint: $(BIN)/.installed
 # an MLflow tracking server for a team (README: beyond one machine); HOST=0.0.0.0 to serve other machines
 server: $(BIN)/.installed
 	$(BIN)/python -m cheaptrain.server --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),5000)
+
+# on a CUDA machine with PyTorch alone (no install: such machines often have no network): the cuda tests, the
+# throughput table, every method, concurrent runs; under 10 minutes (README: The papers' setting)
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py $(or $(OUT),gpu-check)
 
 # every speed claim of the README's Measured section, one script after another (about 5 minutes on 2 CPU cores);
 # the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared

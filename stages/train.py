@@ -5,10 +5,14 @@ Checks every run of `grid` first (params, and what only a run tells: the trainin
 schedule over its epochs), so that a mistake anywhere fails in seconds, not hours into `dvc repro`; `--check` does
 only that. An interrupted run resumes from its checkpoint when run again. `--no-mlflow` trains without tracking
 (a machine without MLflow does so by itself): the outputs and, with `train.ledger: record`, the ledger entry are
-written all the same.
+written all the same. With params `train.processes: N` (N > 1) the stage starts itself again under torchrun, N
+processes on this machine training one run data-parallel; `torchrun --nproc_per_node N stages/train.py ...` does
+the same directly (across machines too: torchrun's --nnodes and --rdzv options).
 """
 
 import argparse
+import dataclasses
+import os
 import signal
 import sys
 from pathlib import Path
@@ -38,6 +42,7 @@ def main() -> None:
         parser.error("--study, --dataset, --model, --method and --seed are required (unless --check)")
 
     from cheaptrain.config import load_params, resolve_run, validate_grid
+    from cheaptrain.distributed import from_environment, stop
     from cheaptrain.runner import keep_freed_memory, train_run
 
     params = load_params(args.params)
@@ -46,12 +51,21 @@ def main() -> None:
         print(f"{args.params}: every run of the grid has valid params")
         return
     cfg = resolve_run(params, *run)
+    if cfg.processes > 1 and "LOCAL_RANK" not in os.environ:  # not yet under torchrun: start the processes
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.processes}"]
+        os.execv(sys.executable, [*launch, *sys.argv])  # torchrun in this process's place: it gets the signals
+    processes = from_environment()
+    cfg = dataclasses.replace(cfg, processes=processes.world)  # as launched: torchrun may be called directly
     keep_freed_memory()  # this process only trains
     signal.signal(signal.SIGTERM, terminate)
     try:
-        final = train_run(cfg, track=not args.no_mlflow)
+        final = train_run(cfg, track=not args.no_mlflow, processes=processes)
     except KeyboardInterrupt:
         sys.exit(130)  # the runner said where the checkpoint is
+    finally:
+        stop(processes)
+    if not processes.main:
+        return
     print(
         f"{cfg.study}/{cfg.name}: final {final['final_acc']:.2f}%, best-3 {final['best3_acc']:.2f}%, "
         f"training {final['train_time_s']:.1f} s"

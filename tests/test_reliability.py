@@ -62,6 +62,7 @@ def small_params(epochs: int = EPOCHS, methods: tuple[str, ...] = ("stateful",),
     params["download"]["datasets"] = ["cifar10"]
     params["train"]["device"] = "cpu"
     params["train"]["threads"] = 1  # every run compared uses the same thread count: results depend on it
+    params["train"]["ledger"] = "ignore"  # the tests train the same runs again and again
     params["recipes"]["dfp"] |= {"epochs": epochs, "batch_size": 32, "lr": 0.02, "milestones": [epochs - 2]}
     params["recipes"]["wus"] |= {"epochs": epochs, "batch_size": 32, "lr": 0.02, "step_size": epochs - 2}
     params["methods"] = (params.get("methods") or {}) | {"stateful": {}, "poison": {}}
@@ -75,16 +76,6 @@ def small_params(epochs: int = EPOCHS, methods: tuple[str, ...] = ("stateful",),
 def write_data(root: Path, source: str = "synthetic") -> None:
     splits = {"train": (TRAIN.images, TRAIN.labels), "test": (TEST.images, TEST.labels)}
     write_prepared(root / "data" / "prepared" / "cifar10", splits, TRAIN.classes, {"source": source})
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory) -> Path:
-    """An MLflow SQLite store with its tables: a copy of it spares each test the seconds of creating them."""
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
 
 
 def make_repo(path: Path, store: Path | None, **params: object) -> Path:

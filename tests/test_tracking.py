@@ -10,6 +10,7 @@ import hashlib
 import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,29 @@ def test_a_half_migrated_store_is_refused_in_one_error_naming_the_file_and_left_
     assert "\n" not in message and message.endswith("Stopped before any work.")
     assert "Fix MLFLOW_TRACKING_URI" not in message  # the URI is right; the file is what needs the repair
     assert path.read_bytes() == before
+
+
+_KILLED_WRITER = """
+import os, signal, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA cache_size = 1")  # pages spill into the file before the commit: its journal is needed to undo them
+db.execute("BEGIN IMMEDIATE")
+db.execute("UPDATE experiments SET name = name || '-half-written'")
+db.execute("CREATE TABLE filler (x)")
+db.executemany("INSERT INTO filler VALUES (?)", [(str(i) * 50,) for i in range(20000)])
+os.kill(os.getpid(), signal.SIGKILL)  # mid-transaction: its journal stays behind, hot
+"""
+
+
+def test_a_store_whose_writer_was_killed_mid_transaction_opens_and_is_rolled_back(tmp_path, monkeypatch, empty_store):
+    path = tmp_path / "store.db"
+    shutil.copy(empty_store, path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{path}")
+    ensure_experiment("dfp")
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], check=False)
+    assert Path(f"{path}-journal").exists()  # what a SIGKILLed run can leave, the checkpoint resuming it
+    RunTracker("dfp")  # no "attempt to write a readonly database": the journal is rolled back
+    assert sqlite3.connect(path).execute("SELECT name FROM experiments WHERE name = 'dfp'").fetchall() == [("dfp",)]
 
 
 def test_the_stage_refuses_a_half_migrated_default_store_with_exit_2_before_any_training(tmp_path, empty_store):

@@ -19,6 +19,7 @@ from cheaptrain import ConfigError
 from cheaptrain.config import RunConfig, load_params, resolve_run
 from cheaptrain.cost import StepCosts
 from cheaptrain.data import DeviceData, channel_stats
+from cheaptrain.distributed import ONE
 from cheaptrain.methods import RunContext, create_method
 from cheaptrain.methods.wus import NORMAL, SKIP, WeightUpdateSkipping, layers_with_parameters, skip_trainable
 from cheaptrain.models import create_model
@@ -179,8 +180,8 @@ def test_a_skip_epoch_computes_no_backward_for_the_frozen_layers(model_name, bia
     method.setup(context(model))
     counts = []
     cfg = run_config(model_name, epochs=2, batch_size=32, augment=False)
-    training = Training(cfg, model, model, optimizer, method, data, data, torch.Generator(), contextlib.nullcontext(),
-                        StepCosts(model, channels_last=True))  # fmt: skip
+    training = Training(cfg, model, optimizer, method, data, data, torch.Generator(), contextlib.nullcontext(),
+                        StepCosts(model, channels_last=True), ONE, {})  # fmt: skip
     for epoch in (1, 2):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             train_epoch(training, epoch, 0.01)

@@ -68,7 +68,8 @@ class RunConfig:
     channels_last: bool = True  # NHWC memory layout, on any device
     compile: bool = False
     eval_batch_size: int = 1000
-    threads: int | str = "auto"  # CPU threads: auto (a fair share of the cores, see trainer.py) | a number
+    threads: int | str = "auto"  # CPU threads: auto (a fair share of the cores, see runner.py) | a number
+    processes: int = 1  # data-parallel processes on this machine (torchrun; distributed.py)
     ledger: str = "ignore"  # ignore | record | retrain (ledger.py)
     data_root: str = "data/prepared"
     runs_root: str = "runs"
@@ -197,6 +198,7 @@ TRAIN_SETTINGS = {  # train.<key>: (default, valid?, accepted)
     "compile": (False, lambda v: isinstance(v, bool), "true or false"),
     "eval_batch_size": (1000, lambda v: is_int(v) and v > 0, "a positive integer"),
     "threads": ("auto", lambda v: v == "auto" or (is_int(v) and v > 0), "auto | a positive integer"),
+    "processes": (1, lambda v: is_int(v) and v > 0, "a positive integer (data-parallel processes, via torchrun)"),
     "ledger": ("ignore", lambda v: v in LEDGER_MODES, " | ".join(LEDGER_MODES)),
 }  # fmt: skip
 
@@ -299,6 +301,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         compile=train["compile"],
         eval_batch_size=train["eval_batch_size"],
         threads=train["threads"],
+        processes=train["processes"],
         ledger=train["ledger"],
         data_root=data_root,
     )

@@ -111,27 +111,39 @@ class DeviceData:
         return len(self.labels)
 
     def batch(
-        self, indices: torch.Tensor, augment: bool = False, generator: torch.Generator | None = None
+        self,
+        indices: torch.Tensor,
+        augment: bool = False,
+        generator: torch.Generator | None = None,
+        part: slice | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images (float, normalised, [B, C, H, W]) and labels of `indices`, augmented if asked."""
+        """Images (float, normalised, [B, C, H, W]) and labels of `indices`, augmented if asked; with `part`, of
+        indices[part] only, the random draws still made for all of `indices` (every process of a data-parallel run
+        draws the same numbers, so their generators stay in step)."""
         # [B, H, W, C] uint8, gathered from the padded store
         if augment:
-            images = random_crop_flip(self.padded, indices, PAD, generator)
+            images = random_crop_flip(self.padded, indices, PAD, generator, part)
         else:
-            images = crop(self.padded, indices, PAD, PAD, PAD)  # the unpadded images
+            images = crop(self.padded, indices[part or slice(None)], PAD, PAD, PAD)  # the unpadded images
         x = images.float().sub_(self.mean).div_(self.std).permute(0, 3, 1, 2)  # [B, C, H, W], channels_last strides
-        return (x if self.channels_last else x.contiguous()), self.labels[indices]
+        return (x if self.channels_last else x.contiguous()), self.labels[indices[part or slice(None)]]
 
 
 def random_crop_flip(
-    padded: torch.Tensor, indices: torch.Tensor, pad: int, generator: torch.Generator | None
+    padded: torch.Tensor,
+    indices: torch.Tensor,
+    pad: int,
+    generator: torch.Generator | None,
+    part: slice | None = None,
 ) -> torch.Tensor:
     """Images `indices` of `padded` [N, H + 2 pad, W + 2 pad, C], each cropped to H x W at a random offset and
-    flipped left-right with probability 1/2."""
+    flipped left-right with probability 1/2; with `part`, only indices[part], from the draws made for all."""
     b, device = len(indices), padded.device
-    # one draw of 2 x b: on the CPU, the same numbers as two draws of b (the earlier code, and the tests' replay)
+    # one draw of 2 x b: on the CPU, the same numbers as two draws of b (the tests' replay of torchvision draws so)
     dy, dx = torch.randint(0, 2 * pad + 1, (2, b), generator=generator, device=device)
     flip = torch.rand(b, generator=generator, device=device) < 0.5
+    if part is not None:
+        indices, dy, dx, flip = indices[part], dy[part], dx[part], flip[part]
     return crop(padded, indices, pad, dy, dx, flip)
 
 

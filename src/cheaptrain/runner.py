@@ -43,6 +43,7 @@ from cheaptrain import UserError, atomic_write
 from cheaptrain import ledger as ledger_
 from cheaptrain.config import RunConfig
 from cheaptrain.data import load_split, prepared_digest
+from cheaptrain.distributed import ONE, Processes, broadcast, device_of, start
 from cheaptrain.methods import METHODS, create_method, implementation
 from cheaptrain.tracking import RunTracker, dataset_ref, device_name, git_commit, project_root, run_tags
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit, resolve_device
@@ -131,10 +132,10 @@ def identity(cfg: RunConfig) -> dict[str, str]:
     }
 
 
-def cpu_threads(setting: int | str) -> int:
+def cpu_threads(setting: int | str, share: int = 1) -> int:
     """The CPU threads this process trains with: `setting`, or for "auto" its fair share of the cores among the
-    training processes of this repository running now (each holds a lock under checkpoints/, this one included).
-    Env CHEAPTRAIN_THREADS overrides both."""
+    trainings of this repository running now (each holds a lock under checkpoints/, this one included) and the
+    `share` processes of its own run. Env CHEAPTRAIN_THREADS overrides both."""
     if env := os.environ.get("CHEAPTRAIN_THREADS"):
         if not env.isdigit() or int(env) < 1:
             raise UserError(f"CHEAPTRAIN_THREADS={env!r} is invalid; accepted: a positive integer")
@@ -142,7 +143,7 @@ def cpu_threads(setting: int | str) -> int:
     if setting != "auto":
         return int(setting)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, running_trainings()))
+    return max(1, cores // (max(1, running_trainings()) * share))
 
 
 def running_trainings() -> int:
@@ -309,31 +310,35 @@ def write_outputs(out: Path, history: list[dict[str, Any]], final: dict[str, flo
     atomic_write(out / "metrics.json", json.dumps(final, indent=2) + "\n")
 
 
-def train_run(cfg: RunConfig, track: bool = True) -> dict[str, float]:
+def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) -> dict[str, float]:
     """Train one configuration (resuming from its checkpoint if one exists, reusing its ledger entry if one
-    matches); returns its final metrics."""
+    matches); returns its final metrics. Across `processes` (torchrun), the main one tracks, checkpoints and writes;
+    the others train their part."""
     if cfg.ledger == "record" and (entry := ledger_.find(cfg, run_code_version(cfg))) is not None:
-        return ledger_.reuse(entry, cfg, track)
-    tracker = open_tracker(cfg.study, track)  # fails here, before any work, if the store is unusable
+        return ledger_.reuse(entry, cfg, track) if processes.main else entry.metrics
+    tracker = open_tracker(cfg.study, track and processes.main)  # fails here, before any work, if unusable
+    start(processes, device_of(processes, resolve_device(cfg.device)))
     ckpt = checkpoint_path(cfg)
-    with checkpoint_owner(ckpt.with_suffix(".lock")) as owner:
+    lock = checkpoint_owner(ckpt.with_suffix(".lock")) if processes.main else contextlib.nullcontext(False)
+    with lock as owner:
         method = create_method(cfg.method, cfg.method_args)
         train_split, test_split = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "test")
         ident = identity(cfg)
-        resume = resume_state(cfg, ckpt, ident, owner, tracker)
+        resume = broadcast(processes, resume_state(cfg, ckpt, ident, owner, tracker) if processes.main else None)
         logged = tracker.start(cfg.name, cfg.to_dict(), run_tags(cfg.study, cfg.device), resume and resume["run_id"],
                                dataset=dataset_ref(cfg.data_dir))  # fmt: skip
         recorder = Recorder(cfg, ident, tracker, owner, resume, logged)
-        if resume:
+        if resume and processes.main:
             print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), MLflow run {tracker.run_id}",
                   file=sys.stderr)  # fmt: skip
             tracker.note_resume(recorder.done)
             recorder.log_missing(resume["history"])
         else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
             recorder.save({"history": []})
-        torch.set_num_threads(cpu_threads(cfg.threads))  # after our lock: the others running now are counted
+        torch.set_num_threads(cpu_threads(cfg.threads, processes.local_world))  # after the lock: the others count
         try:
-            history = fit(cfg, train_split, test_split, method, resume if recorder.done else None, recorder.epoch_end)
+            history = fit(cfg, train_split, test_split, method, resume if recorder.done else None, recorder.epoch_end,
+                          processes)  # fmt: skip
         except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
             tracker.fail("FAILED")
             raise TrainingDiverged(
@@ -343,7 +348,8 @@ def train_run(cfg: RunConfig, track: bool = True) -> dict[str, float]:
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see stages/train.py)
             tracker.fail("KILLED")
             again = "resume" if recorder.done and recorder.owner else "start over"
-            print(f"{cfg.name}: interrupted; {recorder.kept()}: run again to {again}.", file=sys.stderr)
+            if processes.main:
+                print(f"{cfg.name}: interrupted; {recorder.kept()}: run again to {again}.", file=sys.stderr)
             recorder.discard()
             raise
         except Exception:  # a run that fails before its first epoch leaves no checkpoint or lock behind
@@ -356,6 +362,8 @@ def train_run(cfg: RunConfig, track: bool = True) -> dict[str, float]:
 
         final = final_metrics(history) | method.run_metrics()
         final["wall_time_s"] = recorder.wall_s()  # every attempt up to its last checkpoint, plus this one
+        if not processes.main:
+            return final
         write_outputs(cfg.out_dir, history, final, run_info(cfg, tracker.run_id, ident["data"], history))
         if cfg.ledger in ("record", "retrain"):
             ledger_.record(cfg.out_dir, cfg, tracker.run_id)

@@ -124,7 +124,8 @@ def check_sqlite_schema(uri: str) -> None:
     if path is None or not path.is_file() or path.stat().st_size == 0:
         return  # a new store: MLflow creates its tables
     try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=20)) as db:
+        # read-write: a writer killed mid-transaction leaves a journal that the next reader must roll back
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=20)) as db:
             tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             versioned = "alembic_version" in tables
             versions = [v for (v,) in db.execute("SELECT version_num FROM alembic_version")] if versioned else []

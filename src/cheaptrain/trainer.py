@@ -1,9 +1,10 @@
 """The training loop: one configuration, epoch by epoch, with a method's hooks. No files, no tracking (runner.py).
 
 `prepare` builds what a run acts on (data on the device, model, optimizer, the method); `fit` runs the epochs. Each
-epoch: the method picks the samples and the trainable parameters -> train over shuffled batches, handing the
-per-sample losses to the method -> evaluate on the test split -> the method sees the accuracy -> one history row.
-The loop never asks which method it runs.
+epoch: the method picks the samples and the trainable parameters -> train over shuffled batches -> the method gets
+every batch's per-sample losses -> evaluate on the test split -> the method sees the accuracy -> one history row.
+The loop never asks which method it runs. Across several processes (torchrun), each trains its part of every batch
+and the methods see the same global batches as on one process (distributed.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cheaptrain import UserError
 from cheaptrain.config import RunConfig
 from cheaptrain.cost import StepCosts
 from cheaptrain.data import DeviceData, Split, channel_stats
+from cheaptrain.distributed import ONE, Processes, device_of, global_losses, start, sum_all
 from cheaptrain.methods import Method, RunContext
 from cheaptrain.models import create_model
 
@@ -63,7 +65,6 @@ class Training:
 
     cfg: RunConfig
     model: nn.Module  # the parameters: what the method and the checkpoint see
-    step_model: nn.Module  # what runs the batches: the model, or its compiled form
     optimizer: torch.optim.Optimizer
     method: Method
     train_data: DeviceData
@@ -71,11 +72,28 @@ class Training:
     generator: torch.Generator  # shuffling and augmentation
     autocast: contextlib.AbstractContextManager
     costs: StepCosts
+    processes: Processes
+    step_models: dict[tuple[bool, ...], nn.Module]  # per set of trainable parameters: what runs the batches
+
+    def step_model(self) -> nn.Module:
+        """The module that runs the batches: the model, or across processes the model under DistributedDataParallel,
+        built for the parameters that train now (it exchanges their gradients only); compiled if asked."""
+        trainable = tuple(p.requires_grad for p in self.model.parameters())
+        if trainable not in self.step_models:
+            model = self.model
+            if self.processes.active:
+                device_ids = [self.train_data.device.index] if self.train_data.device.type == "cuda" else None
+                model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            self.step_models[trainable] = torch.compile(model) if self.cfg.compile else model
+        return self.step_models[trainable]
 
 
-def prepare(cfg: RunConfig, train_split: Split, test_split: Split, method: Method) -> Training:
+def prepare(
+    cfg: RunConfig, train_split: Split, test_split: Split, method: Method, processes: Processes = ONE
+) -> Training:
     """Seed everything, put the data on the device, build the model and optimizer, set the method up."""
-    device = resolve_device(cfg.device)
+    device = device_of(processes, resolve_device(cfg.device))
+    start(processes, device)
     torch.manual_seed(cfg.seed)  # also seeds CUDA
     random.seed(cfg.seed)  # and the global generators a method may draw from
     np.random.seed(cfg.seed)
@@ -97,7 +115,6 @@ def prepare(cfg: RunConfig, train_split: Split, test_split: Split, method: Metho
     return Training(
         cfg=cfg,
         model=model,
-        step_model=torch.compile(model) if cfg.compile else model,
         optimizer=optimizer,
         method=method,
         train_data=train_data,
@@ -105,6 +122,8 @@ def prepare(cfg: RunConfig, train_split: Split, test_split: Split, method: Metho
         generator=torch.Generator(device=device).manual_seed(cfg.seed),
         autocast=autocast(device, cfg.amp),
         costs=StepCosts(model, cfg.channels_last),
+        processes=processes,
+        step_models={},
     )
 
 
@@ -115,12 +134,13 @@ def fit(
     method: Method,
     resume: dict[str, Any] | None = None,
     on_epoch_end: EpochCallback | None = None,
+    processes: Processes = ONE,
 ) -> list[dict[str, Any]]:
     """Train `cfg` and return its history, one row per epoch. `resume`: a state given to `on_epoch_end` earlier."""
-    t = prepare(cfg, train_split, test_split, method)
+    t = prepare(cfg, train_split, test_split, method, processes)
     history = restore(t, resume) if resume is not None else []
     epochs = tqdm(range(len(history) + 1, cfg.recipe.epochs + 1), desc=cfg.name, unit="epoch",
-                  initial=len(history), total=cfg.recipe.epochs, disable=None)  # fmt: skip
+                  initial=len(history), total=cfg.recipe.epochs, disable=None if processes.main else True)  # fmt: skip
     for epoch in epochs:
         history.append(run_epoch(t, epoch))
         epochs.set_postfix(loss=f"{history[-1]['train_loss']:.3f}", acc=f"{history[-1]['test_acc']:.2f}")
@@ -143,7 +163,7 @@ def run_epoch(t: Training, epoch: int) -> dict[str, Any]:
             f"{t.cfg.name}: the training loss became {row['train_loss']} in epoch {epoch} (lr {lr:g}); the run "
             f"stopped. Lower recipes.{t.cfg.study}.lr, or check the data and the model."
         )
-    row |= evaluate(t.step_model, t.test_data, t.cfg.eval_batch_size, t.autocast)
+    row |= evaluate(t, t.test_data)
     t.method.on_validation_end(epoch, row["test_acc"], lr)
     return row | t.method.epoch_metrics()
 
@@ -151,32 +171,42 @@ def run_epoch(t: Training, epoch: int) -> dict[str, Any]:
 def train_epoch(t: Training, epoch: int, lr: float) -> dict[str, Any]:
     """One pass over the samples the method picks, in a seeded random order; the method's choice counts as
     training time."""
-    data, method, device = t.train_data, t.method, t.train_data.device
+    data, method, device, processes = t.train_data, t.method, t.train_data.device, t.processes
     synchronize(device)
     start = time.perf_counter()
-    t.step_model.train()
+    t.model.train()
     indices = method.on_epoch_start(epoch, lr)
     if indices is None:
         indices = torch.arange(len(data), device=device)
     if len(indices) == 0:
         raise UserError(f"epoch {epoch}: the method {method.name!r} selected no samples to train on")
     order = indices[torch.randperm(len(indices), generator=t.generator, device=device)]
+    batches = order.split(t.cfg.recipe.batch_size)
+    model = t.step_model()  # for the parameters the method left trainable
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
-    batches = tqdm(order.split(t.cfg.recipe.batch_size), desc=f"epoch {epoch}", unit="batch", leave=False, disable=None)
-    for batch in batches:
-        x, y = data.batch(batch, t.cfg.recipe.augment, t.generator)
+    losses_seen = []  # this process's per-sample losses, batch by batch
+    for batch in tqdm(
+        batches, desc=f"epoch {epoch}", unit="batch", leave=False, disable=None if processes.main else True
+    ):
+        part = processes.part(len(batch))  # the whole batch on one process
+        x, y = data.batch(batch, t.cfg.recipe.augment, t.generator, part)
         with t.autocast:
-            logits = t.step_model(x)
+            logits = model(x)
         losses = F.cross_entropy(logits.float(), y, reduction="none")
-        weights = method.loss_weights(batch)
+        weights = method.loss_weights(batch[part])
         objective = losses if weights is None else losses * weights  # weighted: its mean is what trains and is logged
+        # DistributedDataParallel averages over processes: scaled so, that average is the whole batch's mean's gradient
+        loss = objective.mean() if not processes.active else objective.sum() * (processes.world / len(batch))
         t.optimizer.zero_grad(set_to_none=True)
-        objective.mean().backward()
+        loss.backward()
         t.optimizer.step()
-        method.on_batch_end(batch, losses.detach())
+        losses_seen.append(losses.detach())
         loss_sum += objective.detach().sum()
         correct += (logits.argmax(1) == y).sum()
+    for batch, losses in zip(batches, global_losses(processes, [len(b) for b in batches], losses_seen), strict=True):
+        method.on_batch_end(batch, losses)
+    sum_all(processes, loss_sum, correct)
     synchronize(device)
     return {
         "train_loss": loss_sum.item() / len(order),
@@ -187,20 +217,22 @@ def train_epoch(t: Training, epoch: int, lr: float) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module, data: DeviceData, batch_size: int, autocast: contextlib.AbstractContextManager
-) -> dict[str, float]:
+def evaluate(t: Training, data: DeviceData) -> dict[str, float]:
+    """Loss and accuracy on `data` (each process evaluates its part, the sums are exchanged)."""
     synchronize(data.device)
     start = time.perf_counter()
-    model.eval()
+    t.model.eval()
+    model = t.step_model()
     loss_sum = torch.zeros((), device=data.device)
     correct = torch.zeros((), device=data.device, dtype=torch.long)
-    for batch in torch.arange(len(data), device=data.device).split(batch_size):
+    mine = torch.arange(len(data), device=data.device)[t.processes.part(len(data))]
+    for batch in mine.split(t.cfg.eval_batch_size):
         x, y = data.batch(batch)
-        with autocast:
+        with t.autocast:
             logits = model(x)
         loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
         correct += (logits.argmax(1) == y).sum()
+    sum_all(t.processes, loss_sum, correct)
     synchronize(data.device)
     return {
         "test_loss": loss_sum.item() / len(data),
