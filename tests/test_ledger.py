@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from cheaptrain import UserError, ledger
+from cheaptrain.aggregate import ledger_runs
 from cheaptrain.data import load_split
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import code_version, train_run
 
-from conftest import small_config, synthetic_split
+from conftest import REPO, small_config, synthetic_split
 
 TRAIN, TEST = synthetic_split(128, seed=1), synthetic_split(64, seed=2)
 
@@ -153,3 +158,36 @@ def test_a_broken_entry_is_a_clear_error(repo):
 
 def test_load_split_reads_the_prepared_data(repo):  # the data the entries' digest is of
     assert len(load_split(repo / "data/prepared/cifar10", "train").labels) == 128
+
+
+def test_the_aggregate_reads_a_recorded_run_as_the_pipeline_wrote_it(repo):
+    final = train_run(config(), track=False)
+    (run,) = ledger_runs()
+    assert (run.study, run.name, run.source) == ("dfp", "cifar10-lenet-baseline-s7", "ledger")
+    assert run.metrics["final_acc"] == final["final_acc"] and run.device.startswith("cpu")
+    assert [row["epoch"] for row in run.history] == [1.0, 2.0] and run.history[0]["train_flops"] > 0
+
+
+_NO_MLFLOW_NOR_DVC = """
+import runpy, sys
+sys.modules["mlflow"] = sys.modules["dvc"] = None  # as on a machine that has PyTorch alone: importing them fails
+sys.argv = ["stages/train.py", "--study", "dfp", "--dataset", "cifar10", "--model", "lenet", "--method", "baseline",
+            "--seed", "0", "--params", "params.yaml"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_machine_without_mlflow_and_dvc_trains_and_records_a_ledger_entry(repo):
+    shutil.copytree(REPO / "stages", repo / "stages")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["train"] |= {"device": "cpu", "threads": 1, "ledger": "record"}
+    params["recipes"]["dfp"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}
+    params["download"]["datasets"] = ["cifar10"]
+    params["grid"] = {"dfp": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline"], "seeds": [0]}}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    done = subprocess.run([sys.executable, "-c", _NO_MLFLOW_NOR_DVC], cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "MLflow is not installed: this run is not tracked" in done.stderr
+    (entry,) = ledger.entries(repo / "ledger")
+    assert entry.name == "cifar10-lenet-baseline-s0" and entry.info["mlflow_run_id"] == ""
+    assert not (repo / "mlflow.db").exists()
