@@ -3,8 +3,9 @@
     python benchmarks/dfp.py [--data data/prepared/cifar10] [--repeats 5] [--fraction 0.3] [--model lenet]
     python benchmarks/dfp.py --samples 2000 --repeats 1      # a smoke test
 
-Three kinds of training epoch (cheaptrain.trainer.train_epoch, batch 128, crop + flip, the trainer's channels_last
-layout), each from a fresh model with the same seed, on the prepared CIFAR-10 training split:
+Three kinds of training epoch (cheaptrain.trainer.train_epoch on what cheaptrain.trainer.prepare builds, with the DFP
+recipe of params.yaml: batch 128, crop + flip, the trainer's channels_last layout), each from a fresh model,
+optimizer and generator with the same seed, on the prepared CIFAR-10 training split:
   full        the baseline: every sample, no method;
   monitored   dfp in a normal epoch: every sample, the dropping counts updated in every batch;
   pruning     dfp in a pruning epoch that leaves out a fraction f, selected from the counts of the monitored epoch.
@@ -21,23 +22,25 @@ CPU time, which a busy shared machine disturbs less.
 """
 
 import argparse
-import contextlib
+import dataclasses
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import positive_int
-from cheaptrain.data import DeviceData, channel_stats
-from cheaptrain.methods import Method, RunContext, create_method
-from cheaptrain.models import create_model
-from cheaptrain.prepare import Split, load_split
-from cheaptrain.trainer import keep_freed_memory, train_epoch
+from cheaptrain.config import load_params, resolve_run
+from cheaptrain.data import Split, load_split
+from cheaptrain.methods import Method, create_method
+from cheaptrain.runner import keep_freed_memory
+from cheaptrain.trainer import prepare, train_epoch
 
+REPO = Path(__file__).resolve().parents[1]
 ORDERS = [("full", "monitored", "pruning"), ("monitored", "full", "pruning"), ("monitored", "pruning", "full")]
 
 
@@ -62,40 +65,37 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    split = load_split(Path(args.data), "train")
+    split, test_split = load_split(Path(args.data), "train"), load_split(Path(args.data), "test")
     if args.samples:
         split = Split(split.images[: args.samples], split.labels[: args.samples], split.classes)
-    device = torch.device(args.device)
-    mean, std = channel_stats(torch.from_numpy(split.images))
-    data = DeviceData(split, device, mean, std, channels_last=True)
-    n = len(data)
-    generator = torch.Generator(device).manual_seed(0)  # the loader's: order and augmentation
+    cfg = dataclasses.replace(
+        resolve_run(load_params(REPO / "params.yaml"), "dfp", "cifar10", args.model, "baseline", 0), device=args.device
+    )
+    n = len(split.labels)
     # epoch 1 is a normal epoch (1 mod 10 < 2), epoch 2 prunes (2 mod 10 >= 2)
     knobs = dict(window=10, starting_point=2, attenuation=1.0, block=1, count=1, prune_num=args.fraction)
 
-    def epoch(method: Method, number: int) -> tuple[float, float]:
-        """(wall, CPU) seconds of one training epoch: the trainer's own clock, and this process's CPU time."""
-        torch.manual_seed(0)
-        model = create_model(args.model, len(split.classes)).to(device).to(memory_format=torch.channels_last)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    def epoch(method: Method, number: int, state: dict[str, Any] | None = None) -> tuple[float, float]:
+        """(wall, CPU) seconds of training epoch `number` from a fresh model, optimizer and generator (the same
+        seed every time): the trainer's own clock, and this process's CPU time. `state`: the method's, carried over
+        (prepare sets the method up afresh)."""
+        t = prepare(cfg, split, test_split, method)
+        if state is not None:
+            method.load_state_dict(state)
         cpu = time.process_time()
-        row = train_epoch(model, optimizer, data, method, number, 0.01, 128, True, generator, contextlib.nullcontext())
+        row = train_epoch(t, number, cfg.recipe.lr)
         return row["epoch_train_s"], time.process_time() - cpu
 
-    warmup = Method()
-    warmup.setup(None)
-    epoch(warmup, 1)  # untimed: the first epoch of a process pays for allocations and kernel selection
+    epoch(Method(), 1)  # untimed: the first epoch of a process pays for allocations and kernel selection
     wall: dict[str, list[float]] = {"full": [], "monitored": [], "pruning": []}
     cpu: dict[str, list[float]] = {"full": [], "monitored": [], "pruning": []}
     monitoring, selection = [], []
     for repeat in range(args.repeats):
-        baseline = Method()
-        baseline.setup(None)
-        dfp = create_method("dfp", knobs)
-        dfp.setup(RunContext(None, n, 2, device, repeat, lambda e: 0.01))
+        baseline, dfp = Method(), create_method("dfp", knobs)
         for kind in ORDERS[repeat % len(ORDERS)]:
             method, number = (baseline, 1) if kind == "full" else (dfp, 1 if kind == "monitored" else 2)
-            seconds, cpu_seconds = epoch(method, number)
+            state = dfp.state_dict() if kind == "pruning" else None  # the counts of the monitored epoch
+            seconds, cpu_seconds = epoch(method, number, state)
             wall[kind].append(seconds)
             cpu[kind].append(cpu_seconds)
             if kind == "monitored":
@@ -119,7 +119,7 @@ def main() -> None:
     overhead = paired([m + s for m, s in zip(monitoring, selection, strict=True)], wall["full"])
     target = (1 - args.fraction) * 1.1
     print(
-        f"\n{args.model} on {device.type}, {torch.get_num_threads()} threads, {n} samples ({batches} batches of 128), "
+        f"\n{args.model} on {cfg.device}, {torch.get_num_threads()} threads, {n} samples ({batches} batches of 128), "
         f"{args.repeats} repeats. Medians, wall (CPU) s: "
         + ", ".join(f"{k} {statistics.median(wall[k]):.3f} ({statistics.median(cpu[k]):.3f})" for k in wall)
     )  # fmt: skip

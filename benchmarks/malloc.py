@@ -1,17 +1,17 @@
-"""Benchmark: what keeping freed memory (cheaptrain.trainer.keep_freed_memory) is worth to a training process.
+"""Benchmark: what keeping freed memory (cheaptrain.runner.keep_freed_memory) is worth to a training process.
 
     python benchmarks/malloc.py [--data data/prepared/cifar10] [--rounds 3] [--epochs 2]
 
 Each round starts two fresh processes, one with glibc's default malloc and one with the trainer's setting, taking
-turns. Each does what a train stage does before and while training: load the split into a DeviceData, then train
-LeNet (channels_last, batch 128, crop + flip) for --epochs epochs of this project's loop, and prints every epoch's
-time and the process's minor page faults in it. A fresh process matters: glibc's default moves its threshold as
-blocks come and go, so the effect depends on what the process allocated before (in benchmarks/loader.py, after the
-conventional loop, it is small).
+turns. Each does what a train stage does before and while training: load the splits and prepare the run
+(cheaptrain.trainer.prepare: LeNet with the DFP recipe of params.yaml, channels_last, batch 128, crop + flip), then
+train --epochs epochs of this project's loop (cheaptrain.trainer.train_epoch), and prints every epoch's time and the
+process's minor page faults in it. A fresh process matters: glibc's default moves its threshold as blocks come and
+go, so the effect depends on what the process allocated before (in benchmarks/loader.py, after the conventional loop,
+it is small).
 """
 
 import argparse
-import contextlib
 import json
 import resource
 import statistics
@@ -23,32 +23,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import positive_int  # the package root imports no torch
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def child(data: str, epochs: int, keep: bool) -> None:
-    import torch
+    import dataclasses
 
-    from cheaptrain.data import DeviceData, channel_stats
+    from cheaptrain.config import load_params, resolve_run
+    from cheaptrain.data import load_split
     from cheaptrain.methods import Method
-    from cheaptrain.models import create_model
-    from cheaptrain.prepare import load_split
-    from cheaptrain.trainer import keep_freed_memory, train_epoch
+    from cheaptrain.runner import keep_freed_memory
+    from cheaptrain.trainer import prepare, train_epoch
 
     if keep:
         keep_freed_memory()
-    split = load_split(Path(data), "train")
-    mean, std = channel_stats(torch.from_numpy(split.images))
-    train_data = DeviceData(split, torch.device("cpu"), mean, std, channels_last=True)
-    torch.manual_seed(0)
-    model = create_model("lenet", len(split.classes)).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    method, generator = Method(), torch.Generator().manual_seed(0)
-    method.setup(None)
+    cfg = resolve_run(load_params(REPO / "params.yaml"), "dfp", "cifar10", "lenet", "baseline", 0)
+    cfg = dataclasses.replace(cfg, device="cpu")
+    t = prepare(cfg, load_split(Path(data), "train"), load_split(Path(data), "test"), Method())
     rows = []
     for epoch in range(1, epochs + 1):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        seconds = train_epoch(
-            model, optimizer, train_data, method, epoch, 0.01, 128, True, generator, contextlib.nullcontext()
-        )["epoch_train_s"]
+        seconds = train_epoch(t, epoch, cfg.recipe.lr)["epoch_train_s"]
         rows.append((seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
     print(json.dumps(rows))
 

@@ -2,9 +2,9 @@
 
     python benchmarks/wus.py [--models lenet vgg11 resnet18] [--batches N] [--bias-layers 1]
 
-Times single training batches (batch 128, SGD with the WUS recipe's momentum and weight decay, channels_last as the
-trainer runs on CPU), each as a one-batch epoch of the project's own loop (cheaptrain.trainer.train_epoch) with the
-`wus` method held in one phase:
+Times single training batches of each model as a WUS run trains it (cheaptrain.trainer.prepare with the WUS recipe of
+params.yaml: batch 128, SGD with its momentum and weight decay, channels_last as the trainer runs), each as a
+one-batch epoch of the project's own loop (cheaptrain.trainer.train_epoch) with the `wus` method held in one phase:
   - normal:  every parameter trains (forward + full backward + SGD step);
   - skip:    every parameter frozen but the biases of the last --bias-layers layers (default 1: the classifier bias);
   - forward: the same batch through the model in training mode under torch.no_grad(), the floor a skip epoch can
@@ -17,7 +17,7 @@ a skip epoch costs a forward pass).
 """
 
 import argparse
-import contextlib
+import dataclasses
 import statistics
 import sys
 import time
@@ -30,14 +30,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import positive_int
-from cheaptrain.data import DeviceData, channel_stats
-from cheaptrain.methods import RunContext
+from cheaptrain.config import load_params, resolve_run
+from cheaptrain.data import Split
 from cheaptrain.methods.wus import NORMAL, SKIP, WeightUpdateSkipping
-from cheaptrain.models import create_model
-from cheaptrain.prepare import Split
-from cheaptrain.trainer import keep_freed_memory, train_epoch
+from cheaptrain.runner import keep_freed_memory
+from cheaptrain.trainer import prepare, train_epoch
 
-BATCH = 128
+REPO = Path(__file__).resolve().parents[1]
 TARGET = 0.35
 PHASES = ("normal", "skip", "forward")
 DEFAULT_BATCHES = {"lenet": 200, "alexnet": 60, "vgg11": 30, "vgg16": 20, "resnet18": 20}  # ~1 min in all, unloaded
@@ -47,7 +46,7 @@ class HeldPhase(WeightUpdateSkipping):
     """The `wus` method held in a phase set from outside, training the batch it is told to."""
 
     held = NORMAL
-    indices = torch.arange(BATCH)
+    indices = torch.arange(0)
 
     def on_epoch_start(self, epoch: int, lr: float) -> torch.Tensor:
         self.set_phase(self.held)
@@ -55,44 +54,40 @@ class HeldPhase(WeightUpdateSkipping):
 
 
 class Subject:
-    """One model with its optimizer, its method and a few batches of random images."""
+    """One model as a WUS run trains it (prepare: the model, its optimizer, the method) on a few batches of random
+    images."""
 
     def __init__(self, name: str, batches: int, bias_layers: int) -> None:
+        cfg = resolve_run(load_params(REPO / "params.yaml"), "wus", "cifar10", name, "baseline", 0)
+        self.cfg = dataclasses.replace(cfg, device="cpu")
+        self.size = self.cfg.recipe.batch_size
         rng = np.random.default_rng(0)
-        n = 8 * BATCH
+        n = 8 * self.size
         split = Split(
             images=rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
             labels=rng.integers(0, 10, n).astype(np.int64),
             classes=[str(i) for i in range(10)],
         )
-        mean, std = channel_stats(torch.from_numpy(split.images))
         self.name, self.batches = name, batches
-        self.data = DeviceData(split, torch.device("cpu"), mean, std, channels_last=True)
-        torch.manual_seed(0)
-        self.model = create_model(name, 10).to(memory_format=torch.channels_last)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
         self.method = HeldPhase(bias_layers=bias_layers)
-        self.method.setup(RunContext(self.model, n, 1, torch.device("cpu"), 0, lambda epoch: 0.01))
-        self.generator = torch.Generator().manual_seed(0)
+        self.training = prepare(self.cfg, split, split, self.method)
         self.step = 0
         self.times: dict[str, list[float]] = {p: [] for p in PHASES}
 
     def run(self, phase: str) -> float:
         """Time one batch of `phase`: a one-batch epoch of the training loop, or a forward pass."""
         self.step += 1
-        indices = torch.arange(BATCH) + BATCH * (self.step % 8)
+        indices = torch.arange(self.size) + self.size * (self.step % 8)
+        t = self.training
         if phase == "forward":
             with torch.no_grad():
                 start = time.perf_counter()
-                self.model.train()  # BatchNorm as in a skip epoch: batch statistics, running averages updated
-                x, y = self.data.batch(indices)
-                F.cross_entropy(self.model(x), y, reduction="none")
+                t.model.train()  # BatchNorm as in a skip epoch: batch statistics, running averages updated
+                x, y = t.train_data.batch(indices)
+                F.cross_entropy(t.model(x), y, reduction="none")
                 return time.perf_counter() - start
         self.method.held, self.method.indices = (SKIP if phase == "skip" else NORMAL), indices
-        return train_epoch(
-            self.model, self.optimizer, self.data, self.method, 1, 0.01, BATCH, False, self.generator,
-            contextlib.nullcontext(),
-        )["epoch_train_s"]  # fmt: skip
+        return train_epoch(t, 1, self.cfg.recipe.lr)["epoch_train_s"]
 
 
 def main() -> None:
@@ -116,7 +111,8 @@ def main() -> None:
         if (i + 1) % 10 == 0:
             print(f"{i + 1} batches per phase timed", file=sys.stderr, flush=True)
 
-    print(f"one batch of {BATCH}, CPU, {torch.get_num_threads()} threads, bias_layers {args.bias_layers}; ms a batch:")
+    threads = torch.get_num_threads()
+    print(f"one batch of {subjects[0].size}, CPU, {threads} threads, bias_layers {args.bias_layers}; ms a batch:")
     print(f"{'model':<10}{'batches':>8}{'normal':>9}{'skip':>8}{'forward':>9}{'skip/normal':>13}{'(fastest)':>10}"
           f"{'fwd/normal':>12}{'skip/fwd':>10}  skip <= {TARGET} normal")  # fmt: skip
     for s in subjects:
