@@ -252,28 +252,23 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
     if model not in MODELS:
         problems.append(f"model {model!r}: unknown (accepted: {', '.join(MODELS)})")
     methods = params.get("methods")
-    named = methods.get(method) if isinstance(methods, dict) else None
-    if implementation(method, named if isinstance(named, dict) else None) not in METHODS:
+    section = methods.get(method) if isinstance(methods, dict) else None
+    if not isinstance(methods, dict):
+        problems.append("methods: missing; accepted: a mapping of method name to its parameters, e.g. {baseline: {}}")
+    elif implementation(method, section if isinstance(section, dict) else None) not in METHODS:
         problems.append(f"method {method!r}: unknown (accepted: {', '.join(METHODS)}, or a methods.<name> section "
                         "naming one with `method:`)")  # fmt: skip
+    elif method not in methods or not isinstance(section or {}, dict):
+        shown = repr(section) if method in methods else "missing"
+        problems.append(f"methods.{method}: {shown}; accepted: a mapping of its parameters ({{}}: the defaults)")
+    method_args = section or {}  # `dfp:` with nothing after it: every default
     if not is_int(seed) or seed < 0:
         problems.append(f"seed {seed!r}: accepted: an integer >= 0")
     train, found = train_settings(params)
     problems += found
-
     model_args = recipe.model_args.get(model, {}) if recipe else {}
     if model_args and model in MODELS:
         problems += check_options(model, model_args, f"recipes.{study}.model_args.{model}")
-    method_args: Any = None
-    if not isinstance(methods, dict):
-        problems.append("methods: missing; accepted: a mapping of method name to its parameters, e.g. {baseline: {}}")
-    elif method in methods or method in METHODS:
-        method_args = methods.get(method, "missing")
-        if method_args is None:
-            method_args = {}  # `dfp:` with nothing after it: every default
-        if not isinstance(method_args, dict):
-            shown = "missing" if method not in methods else repr(method_args)
-            problems.append(f"methods.{method}: {shown}; accepted: a mapping of its parameters ({{}}: the defaults)")
     if problems:
         raise ConfigError(problems)
 
@@ -283,8 +278,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
     data_root = "data/prepared"
     context = RunContext(structure, train_size(data_root, dataset), recipe.epochs, torch.device("meta"), seed,
                          recipe.lr_at)  # fmt: skip
-    problems = instance.check_run(context)
-    if problems:
+    if problems := instance.check_run(context):
         raise ConfigError(problems)
     return RunConfig(
         study=study,
