@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
+# OpenMP threads sleep instead of spinning while they wait: the same arithmetic, and a neighbour on a core no longer
+# slows training several-fold (benchmarks/noise.py). Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from cheaptrain import run_main
 

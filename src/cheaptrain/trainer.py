@@ -101,7 +101,7 @@ def prepare(
     train_data = DeviceData(train_split, device, mean, std, cfg.channels_last)
     test_data = DeviceData(test_split, device, mean, std, cfg.channels_last)
     model = create_model(cfg.model, cfg.num_classes, **cfg.model_args).to(device)
-    if cfg.channels_last:  # faster on CUDA and on CPU (benchmarks/loader.py)
+    if cfg.channels_last:  # faster on CUDA; on CPU it depends on the model (benchmarks/loader.py: LeNet is not)
         model = model.to(memory_format=torch.channels_last)
     recipe = cfg.recipe
     optimizer = torch.optim.SGD(
