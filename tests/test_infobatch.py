@@ -176,8 +176,11 @@ class Watched(InfoBatch):
         self.seen[max(self.seen)]["batches"].append([indices.clone(), weights, None])
         return weights
 
-    def on_batch_end(self, indices, losses):
-        self.seen[max(self.seen)]["batches"][-1][2] = losses.clone()
+    def on_batch_end(self, indices, losses):  # after the epoch's last step, batch by batch in order
+        batches = self.seen[max(self.seen)]["batches"]
+        unseen = next(b for b in batches if b[2] is None)
+        assert torch.equal(unseen[0], indices)
+        unseen[2] = losses.clone()
         super().on_batch_end(indices, losses)
 
 

@@ -17,6 +17,7 @@ import yaml
 from cheaptrain import UserError, ledger
 from cheaptrain.aggregate import ledger_runs
 from cheaptrain.data import load_split
+from cheaptrain.papers import PAPERS
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import code_version, train_run
 
@@ -33,9 +34,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+SMALL_PAPER = {"epochs": 2, "batch_size": 32, "lr": 0.05, "milestones": [2], "gamma": 0.1}  # small_config's
+
+
 @pytest.fixture
 def repo(tmp_path, monkeypatch) -> Path:
-    """A folder to run in: tiny prepared data, an empty default MLflow store."""
+    """A folder to run in: tiny prepared data, an empty default MLflow store; the DFP paper's setting made small
+    (the ledger keeps runs at a paper's setting only)."""
+    monkeypatch.setitem(PAPERS["dfp"], "recipe", PAPERS["dfp"]["recipe"] | SMALL_PAPER)
     for var in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "CHEAPTRAIN_THREADS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
@@ -87,7 +93,7 @@ def test_a_matching_entry_is_reused_without_training(repo, monkeypatch):
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"recipe": "lr"}, "recipe.lr: 0.05 in the entry, 0.07 now"),
+        ({"recipe": "nesterov"}, "recipe.nesterov: False in the entry, True now"),  # the paper does not say
         ({"seed": 8}, "seed: 7 in the entry, 8 now"),
     ],
 )
@@ -95,7 +101,7 @@ def test_an_entry_trained_differently_is_named_not_reused_nor_retrained(repo, ch
     train_run(config())
     cfg = config()
     if "recipe" in change:
-        cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, lr=0.07))
+        cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, nesterov=True))
     else:  # the same run name (another entry would be looked up), another seed inside
         cfg = dataclasses.replace(cfg, **change)
         (repo / "ledger/dfp/cifar10-lenet-baseline-s7").rename(repo / "ledger/dfp/cifar10-lenet-baseline-s8")
@@ -108,6 +114,18 @@ def test_other_training_code_is_named(repo):
     train_run(config())
     with pytest.raises(UserError, match=r"training code: version \w+ \(commit .*\) in the entry, 0000 now"):
         ledger.find(config(), "0000")
+
+
+def test_a_run_not_at_its_papers_setting_is_neither_recorded_nor_matched(repo, capsys):
+    cfg = config()
+    other = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, lr=0.07))
+    train_run(other, track=False)
+    assert "not recorded in the ledger, which keeps runs at a paper's setting only (lr 0.07 (paper: 0.05))" in (
+        capsys.readouterr().err
+    )
+    assert not ledger.entries()
+    train_run(cfg, track=False)  # the paper's setting: recorded
+    assert ledger.find(other, code_version("baseline")) is None  # its entry is not this run's, nor a mismatch
 
 
 def test_retrain_replaces_the_entry(repo):
@@ -171,6 +189,8 @@ def test_the_aggregate_reads_a_recorded_run_as_the_pipeline_wrote_it(repo):
 _NO_MLFLOW_NOR_DVC = """
 import runpy, sys
 sys.modules["mlflow"] = sys.modules["dvc"] = None  # as on a machine that has PyTorch alone: importing them fails
+from cheaptrain.papers import PAPERS
+PAPERS["dfp"]["recipe"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}  # the paper's setting, made small
 sys.argv = ["stages/train.py", "--study", "dfp", "--dataset", "cifar10", "--model", "lenet", "--method", "baseline",
             "--seed", "0", "--params", "params.yaml"]
 runpy.run_path(sys.argv[0], run_name="__main__")

@@ -3,8 +3,9 @@
     ledger/<study>/<dataset>-<model>-<method>-s<seed>/   one entry: the run's run.json, metrics.json, history.csv
     ledger/metrics.json                                    every entry's final figures (`dvc metrics show`)
 
-An entry is written by the train stage, never by hand, when params `train.ledger` is `record` (or `retrain`): the
-three output files of the finished run, copied as they are. run.json names what was trained (the resolved
+An entry is written by the train stage, never by hand, when params `train.ledger` is `record` (or `retrain`) and
+the run is at its paper's setting (200 epochs, the paper's recipe; `papers.paper_setting`): the three output files
+of the finished run, copied as they are. run.json names what was trained (the resolved
 configuration) and where and how (training-code version, git commit, prepared data's digest, device, torch
 version, CPU threads). Training needs neither MLflow nor DVC to write one: on a rented GPU machine with PyTorch
 alone, `python stages/train.py ... --no-mlflow` trains and records, and the entry is committed from there.
@@ -39,6 +40,7 @@ from typing import Any
 
 from cheaptrain import UserError, atomic_write, run_main
 from cheaptrain.config import RunConfig
+from cheaptrain.papers import paper_setting
 from cheaptrain.tracking import project_root
 
 FILES = ("run.json", "metrics.json", "history.csv")
@@ -129,9 +131,10 @@ def differences(entry: Entry, cfg: RunConfig, code: str) -> list[str]:
 
 
 def find(cfg: RunConfig, code: str) -> Entry | None:
-    """The matching entry of `cfg`, None when it has none; an entry that does not match stops with an error."""
+    """The matching entry of `cfg`, None when it has none or is not at its paper's setting (the ledger is not for
+    it); an entry that does not match stops with an error."""
     path = entry_path(cfg)
-    if not (path / "run.json").is_file():
+    if not (path / "run.json").is_file() or not paper_setting(cfg.study, cfg.to_dict()["recipe"], cfg.model)[0]:
         return None
     entry = read_entry(path)
     if diffs := differences(entry, cfg, code):
@@ -144,8 +147,14 @@ def find(cfg: RunConfig, code: str) -> Entry | None:
     return entry
 
 
-def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path:
-    """Copy a finished run's outputs into its ledger entry (replacing one), then rewrite the index."""
+def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path | None:
+    """Copy a finished run's outputs into its ledger entry (replacing one), then rewrite the index. A run that is not
+    at its paper's setting (papers.paper_setting: 200 epochs, the paper's recipe) is not recorded: None."""
+    counted, departures = paper_setting(cfg.study, cfg.to_dict()["recipe"], cfg.model)
+    if not counted:
+        print(f"{cfg.study}/{cfg.name}: not recorded in the ledger, which keeps runs at a paper's setting only "
+              f"({'; '.join(departures)})", file=sys.stderr)  # fmt: skip
+        return None
     path = entry_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))

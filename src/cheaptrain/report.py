@@ -54,26 +54,12 @@ from cheaptrain.aggregate import (
     with_ledger,
 )
 from cheaptrain.ledger import ledger_root
+from cheaptrain.papers import PAPERS
+from cheaptrain.papers import paper_setting as paper_setting_of
 
 MLFLOW_EXPERIMENT = "aggregate"
 MEASURE_LABEL = {"best3_acc": "mean of the best three test accuracies", "final_acc": "final-epoch test accuracy"}
 MEASURE_SHORT = {"best3_acc": "best-3 acc %", "final_acc": "final acc %"}
-PAPERS = {  # what the papers ran, to say where this run's setting differs (docs: methods.md, the papers' Sec. 4/5)
-    "dfp": {
-        "title": "Data Fine-Pruning (Li et al.)",
-        "hardware": "GPU: NVIDIA GTX 1080 Ti",
-        "runs": "not stated",
-        "recipe": {"epochs": 200, "batch_size": 128, "lr": 0.1, "schedule": "multistep", "milestones": [60, 120, 160],
-                   "gamma": 0.2, "momentum": 0.9, "weight_decay": 5e-4, "augment": True},
-    },
-    "wus": {
-        "title": "Weight Update Skipping (Safayenikoo & Akturk)",
-        "hardware": "CPU: Intel Xeon E5-2680 v4, 10 cores",
-        "runs": 15,
-        "recipe": {"epochs": 200, "batch_size": 128, "lr": 0.1, "schedule": "step", "step_size": 30, "gamma": 0.1,
-                   "momentum": 0.9, "weight_decay": 1e-4, "augment": False},
-    },
-}  # fmt: skip
 COLORS = {"baseline": "0.25", "dfp": "tab:blue", "random_prune": "tab:orange", "wus": "tab:green", "wus_lr": "tab:red",
           "infobatch": "tab:purple"}  # fmt: skip
 FIGURES = (
@@ -483,26 +469,12 @@ def published_claims(published: dict[tuple, float]) -> list[Claim]:
 
 
 def paper_setting(run: Run) -> tuple[bool, list[str]]:
-    """Whether a run counts as trained at its paper's setting: 200 epochs and the paper's recipe, where a setting of
-    its own network in `recipes.<study>.per_model` is a documented deviation. Returns that, and the deviations (when
-    it counts) or every difference from the paper's recipe (when it does not)."""
-    the_paper = PAPERS.get(run.study)
-    if the_paper is None:
-        return False, [f"study {run.study!r} is from neither paper"]
-    recipe = run.config.get("recipe") or {}
-    own = (recipe.get("per_model") or {}).get(run.model) or {}
-    deviations, departures = [], []
-    for key, theirs in the_paper["recipe"].items():
-        ours = list(recipe[key]) if isinstance(recipe.get(key), tuple | list) else recipe.get(key)
-        if ours == theirs:
-            continue
-        if key in own and key != "epochs":
-            deviations.append(f"{key} {ours} for {run.model} (recipes.{run.study}.per_model; paper: {theirs})")
-        else:
-            departures.append(f"{key} {ours} (paper: {theirs})")
-    if run.config.get("model_args"):
-        deviations.append(f"model arguments {run.config['model_args']}")
-    return (False, departures) if departures else (True, deviations)
+    """Whether a run counts as trained at its paper's setting (papers.paper_setting), with its model arguments named
+    as a deviation."""
+    counted, notes = paper_setting_of(run.study, run.config.get("recipe") or {}, run.model)
+    if counted and run.config.get("model_args"):
+        notes.append(f"model arguments {run.config['model_args']}")
+    return counted, notes
 
 
 def first_runs(runs: list[Run]) -> dict[tuple[str, ...], Run]:
