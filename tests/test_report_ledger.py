@@ -23,7 +23,7 @@ from conftest import REPO, read_csv
 TIME_CLAIM = "time saved % (vs its own full epochs)"
 
 PUBLISHED = REPO / "data" / "published_results.csv"
-AGREE = {"acc_points": 0.5, "saving_points": 3.0}
+AGREE = {"acc_points": 0.5, "saving_points": 3.0, "cost_points": 3.0}
 DEVICE = "cpu: Test EPYC x2"
 FLOPS_PER_SAMPLE = 1.2e6
 SKIP_FLOPS_PER_SAMPLE = 0.4e6
@@ -245,7 +245,7 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     ]  # fmt: skip
     summary = [row for row, _ in rows_runs]
     runs = [run_of(row, recipe) for row, recipe in rows_runs]
-    text, (table, _) = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    text, (table, _, _) = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
     verdicts = {(r[2], r[3], r[4]): r[12] for r in table.rows if r[1] == "cifar10"}  # model, method, claim
     assert verdicts["lenet", "dfp", "accuracy Δ (points)"] == "within tolerance"
     assert verdicts["lenet", "dfp", TIME_CLAIM] == "not yet run"  # its row has no time saving
@@ -265,3 +265,25 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     assert "**11 of 68 published claims run, 7 within tolerance** (2 within noise, 2 outside tolerance, 33 not yet " \
            "run, 24 CIFAR-100 unavailable)." in text  # fmt: skip
     assert "Ledger runs not at the paper's setting, not counted: dfp cifar10/vgg19/dfp (lr 0.05 (paper: 0.1))" in text
+
+
+def test_the_papers_scale_compares_its_methods_at_equal_cost_on_their_own_full_epochs():
+    from cheaptrain.aggregate import load_published
+
+    everywhere = paper_recipe("dfp", lr=0.05)
+    rows_runs = [
+        (claim_row("lenet", "dfp", acc_delta=(-1.2, 0.3), compute_saving_pct=12.7,
+                   own_time_saving_pct=(13.0, 11.0, 15.0), time_saving_pct=(-40.0, -60.0, -20.0)), None),
+        (claim_row("lenet", "random_prune", acc_delta=(-0.2, 0.3), compute_saving_pct=12.7,
+                   own_time_saving_pct=(12.0, 11.0, 13.0)), None),  # not in the paper: compared all the same
+        (claim_row("vgg19", "dfp", everywhere, acc_delta=(0.5, 0.1), compute_saving_pct=12.7), everywhere),
+    ]  # fmt: skip
+    summary = [row for row, _ in rows_runs]
+    runs = [run_of(row, recipe) for row, recipe in rows_runs]
+    text, (_, cost, _) = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    assert cost.slug == "ledger_accuracy_vs_cost" and "### Accuracy against cost at the papers' setting" in text
+    assert [(r[1], r[3]) for r in cost.rows] == [("lenet", "random_prune"), ("lenet", "dfp")]  # best first
+    assert "own time saved % [95%]" in cost.headers and "13.0 [11.0, 15.0]" in cost.rows[1]
+    assert not any("-40.0" in cell for row in cost.rows for cell in row)  # the drift between runs stays out
+    assert "best random_prune: Δ -0.20 [-0.50, +0.10] points" in cost.note
+    assert "the lead is larger than the 95% intervals (they do not overlap)" in cost.note
