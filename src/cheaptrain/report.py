@@ -29,7 +29,7 @@ import math
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -650,8 +650,11 @@ def paper_scale(
     claims_table = Table("ledger", "Every published claim", coverage, CLAIM_HEADERS, cells)
     wus = wus_schedule_table(runs, published)
     at_scale = [row for row, _ in chosen.values()]
-    cost = cost_table(at_scale, implementation_of(runs), agree["cost_points"], "own_time_saving_pct")
-    cost.slug, cost.title = "ledger_accuracy_vs_cost", "Accuracy against cost at the papers' setting"
+    cost = replace(
+        cost_table(at_scale, implementation_of(runs), agree["cost_points"], "own_time_saving_pct"),
+        slug="ledger_accuracy_vs_cost",
+        title="Accuracy against cost at the papers' setting",
+    )
     lines = [
         "## Reproduced at the papers' scale",
         "",
@@ -681,8 +684,7 @@ COST_NOTE = (
     "in it (params `aggregate.agree_within.cost_points`): they cost the same. Δ: accuracy minus the baseline's, in "
     "points, ± the 95% t-interval over seeds (3+ seeds; (sd) with 2). Compute saved: 100·(1 − training FLOPs / the "
     "baseline's), exact; time saved: {time}, the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). "
-    "The "
-    "best at a budget has the highest Δ; its lead is larger than the intervals when its 95% interval and the "
+    "The best at a budget has the highest Δ; its lead is larger than the intervals when its 95% interval and the "
     "runner-up's do not overlap. The paper's figures stand beside the configuration of the paper's own method and "
     "setting (its name, e.g. `dfp`); the papers publish time saved, not compute."
 )
