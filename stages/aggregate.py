@@ -2,7 +2,8 @@
 
 Writes under --out: summary.csv (one row per study, dataset, model and method), report.md (the papers' tables with
 ours, and what matches), metrics.json (headline figures, `dvc metrics show`), figures/*.png, curves/*.csv (per-epoch
-means, `dvc plots show`); logs them to the MLflow experiment `aggregate`.
+means, `dvc plots show`); logs them to the MLflow experiment `aggregate`. With --ledger-only it reads the results
+ledger alone (no run of the grid needed: a fresh clone's report of the papers' scale) into results/ledger-only/.
 """
 
 import argparse
@@ -21,14 +22,23 @@ def main() -> None:
     parser.add_argument(
         "--published", default="data/published_results.csv", help="the papers' figures (default: %(default)s)"
     )
-    parser.add_argument("--out", default="results", help="output folder (default: %(default)s)")
+    parser.add_argument("--out", help="output folder (default: results, with --ledger-only results/ledger-only)")
+    parser.add_argument(
+        "--ledger-only",
+        action="store_true",
+        help="the results ledger alone, as if the grid were empty: its report in seconds, with no run trained",
+    )
     args = parser.parse_args()
+    out = Path(args.out or ("results/ledger-only" if args.ledger_only else "results"))
 
     from cheaptrain.config import load_params
     from cheaptrain.report import write_results
 
-    summary, run_id = write_results(load_params(args.params), Path(args.runs), Path(args.published), Path(args.out))
-    print(f"{len(summary)} configurations -> {args.out}/ (summary.csv, report.md, metrics.json, figures, curves)")
+    params = load_params(args.params)
+    if args.ledger_only:
+        params["grid"] = {}
+    summary, run_id = write_results(params, Path(args.runs), Path(args.published), out)
+    print(f"{len(summary)} configurations -> {out}/ (summary.csv, report.md, metrics.json, figures, curves)")
     print(f"MLflow: experiment 'aggregate', run {run_id}")
 
 

@@ -157,6 +157,27 @@ def test_a_fresh_checkout_with_only_ledger_entries_gets_the_papers_scale_section
     assert len(logged["data"]) == 68
 
 
+def test_ledger_only_reports_the_ledger_while_the_grid_is_untrained(tmp_path):
+    """The papers' grid with no run trained: the stage names the missing runs; --ledger-only reports the ledger into
+    results/ledger-only/ and leaves the stage's own outputs alone."""
+    write_ledger(tmp_path / "ledger")
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "report.md").write_text("the grid's report\n")
+    env = os.environ | {"PYTHONPATH": str(REPO / "src"), "DVC_ROOT": str(tmp_path),
+                        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}  # fmt: skip
+    cmd = [sys.executable, str(REPO / "stages" / "aggregate.py"), "--published", str(PUBLISHED)]
+
+    grid = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert grid.returncode == 2 and "have not finished" in grid.stderr
+
+    alone = subprocess.run([*cmd, "--ledger-only"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert alone.returncode == 0, alone.stderr
+    report = (tmp_path / "results" / "ledger-only" / "report.md").read_text()
+    assert "**2 of 68 published claims run, 2 within tolerance**" in report
+    assert (tmp_path / "results" / "report.md").read_text() == "the grid's report\n"
+
+
 def test_the_ledger_and_the_grid_count_a_run_in_both_once(tmp_path):
     """A grid run that is also a ledger entry counts once (the grid's); another seed of the same recipe joins the
     grid's configuration; a run of the same name at another recipe makes a configuration of its own."""
