@@ -28,6 +28,7 @@ from cheaptrain.aggregate import (
 )
 from cheaptrain.report import (
     FIGURES,
+    LEDGER_FIGURES,
     cost_figure,
     cost_table,
     findings,
@@ -557,7 +558,7 @@ def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
            "--runs", str(runs), "--published", str(PUBLISHED), "--out", str(out)]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(env))
     assert result.returncode == 0, result.stderr
-    assert {p.name for p in (out / "figures").iterdir()} == set(FIGURES)
+    assert {p.name for p in (out / "figures").iterdir()} == {*FIGURES, *LEDGER_FIGURES}
     assert len(list((out / "curves").glob("*.csv"))) == 6
     report = (out / "report.md").read_text()
     assert "### DFP Table 1: training time" in report and "### WUS Table 3" in report
@@ -597,7 +598,7 @@ def test_quick_results_exist_and_are_declared_in_dvc(quick, tmp_path):
     results = quick / "results"
     rows = [r for r in read_csv(results / "summary.csv") if r["source"] != "ledger"]  # the ledger's rows are its own
     assert {(r["study"], r["method"]) for r in rows} == {(s, n.split("-")[2]) for s, n, _ in grid(quick)}
-    for f in FIGURES:
+    for f in (*FIGURES, *LEDGER_FIGURES):
         assert (results / "figures" / f).stat().st_size > 10_000, f
     report = (results / "report.md").read_text()
     assert "This is not the papers' setting" in report and "epochs 10 (paper: 200)" in report
@@ -627,7 +628,7 @@ def test_quick_aggregate_mlflow_run_has_tables_figures_and_run_links(quick):
     tables = {a.path for a in client.list_artifacts(run.info.run_id, "tables")}
     assert {"tables/summary.json", "tables/runs.json", "tables/dfp_table1.json", "tables/wus_table2.json"} <= tables
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
-    assert figures == {f"figures/{f}" for f in FIGURES}
+    assert figures == {f"figures/{f}" for f in (*FIGURES, *LEDGER_FIGURES)}
     linked = json.loads(Path(client.download_artifacts(run.info.run_id, "tables/runs.json")).read_text())
     ids = {row[linked["columns"].index("mlflow_run_id")] for row in linked["data"]}
     trained = {

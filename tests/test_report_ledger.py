@@ -16,7 +16,7 @@ import pytest
 
 from cheaptrain import UserError
 from cheaptrain.aggregate import Run, collect, headline, ledger_runs, recipe_id, summarize, with_ledger
-from cheaptrain.report import PAPERS, grid_part, paper_scale
+from cheaptrain.report import LEDGER_FIGURES, PAPERS, grid_part, paper_scale
 
 from conftest import REPO, read_csv
 
@@ -142,6 +142,8 @@ def test_a_fresh_checkout_with_only_ledger_entries_gets_the_papers_scale_section
                    "71–74", "paper's"]  # fmt: skip
     assert cells(report, "cifar10-lenet-wus_lr-s0") and not cells(report, "cifar10-lenet-baseline-s0")
     assert "No runs in the grid" in report
+    for name in LEDGER_FIGURES:  # the runs at the papers' setting drawn, not a placeholder
+        assert f"(figures/{name})" in report and (out / "figures" / name).stat().st_size > 30_000, name
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["ledger"]["dfp"]["cifar10-lenet-dfp"]["acc_delta"] == pytest.approx(-0.43, abs=1e-3)
@@ -243,7 +245,8 @@ def claim_row(model: str, method: str, recipe: dict | None = None, study: str = 
 
 def run_of(row: dict, recipe: dict | None = None) -> Run:
     config = {"recipe": recipe or paper_recipe(row["study"])}
-    return Run(row["study"], row["dataset"], row["model"], row["method"], 0, {}, [], config, "", DEVICE, "ledger")
+    history = [{"epoch": e, "lr": 0.1, "test_acc": 50.0 + e, "epoch_train_s": 1.0} for e in (1, 2)]
+    return Run(row["study"], row["dataset"], row["model"], row["method"], 0, {}, history, config, "", DEVICE, "ledger")
 
 
 def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outside():
@@ -266,7 +269,7 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     ]  # fmt: skip
     summary = [row for row, _ in rows_runs]
     runs = [run_of(row, recipe) for row, recipe in rows_runs]
-    text, (table, _, _) = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    text, (table, _, _), _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
     verdicts = {(r[2], r[3], r[4]): r[12] for r in table.rows if r[1] == "cifar10"}  # model, method, claim
     assert verdicts["lenet", "dfp", "accuracy Δ (points)"] == "within tolerance"
     assert verdicts["lenet", "dfp", TIME_CLAIM] == "not yet run"  # its row has no time saving
@@ -301,10 +304,22 @@ def test_the_papers_scale_compares_its_methods_at_equal_cost_on_their_own_full_e
     ]  # fmt: skip
     summary = [row for row, _ in rows_runs]
     runs = [run_of(row, recipe) for row, recipe in rows_runs]
-    text, (_, cost, _) = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    text, (_, cost, _), figures = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
     assert cost.slug == "ledger_accuracy_vs_cost" and "### Accuracy against cost at the papers' setting" in text
     assert [(r[1], r[3]) for r in cost.rows] == [("lenet", "random_prune"), ("lenet", "dfp")]  # best first
     assert "own time saved % [95%]" in cost.headers and "13.0 [11.0, 15.0]" in cost.rows[1]
     assert not any("-40.0" in cell for row in cost.rows for cell in row)  # the drift between runs stays out
     assert "best random_prune: Δ -0.20 [-0.50, +0.10] points" in cost.note
     assert "the lead is larger than the 95% intervals (they do not overlap)" in cost.note
+    axes = [a for a in figures["ledger_acc_vs_cost.png"].axes if a.get_visible()]
+    assert [a.get_xlabel() for a in axes] == [
+        "compute saved (%, exact)",
+        "time saved vs own full epochs (%, 95% interval)",
+    ]
+    own_time = {c.get_label(): c.lines[0].get_xydata()[0][0] for c in axes[1].containers}
+    assert own_time == {"dfp": 13.0, "random_prune": 12.0}  # vgg19's lr is not the paper's: not at its setting
+    curves = [a for a in figures["ledger_test_acc.png"].axes if a.get_visible()]
+    assert len(curves) == 1 and {line.get_label() for line in curves[0].lines} == {
+        "dfp (1 seed)",
+        "random_prune (1 seed)",
+    }

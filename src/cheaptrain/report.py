@@ -65,6 +65,11 @@ COLORS = {"baseline": "0.25", "dfp": "tab:blue", "random_prune": "tab:orange", "
 FIGURES = (
     "test_acc.png", "acc_vs_time.png", "pruned_samples.png", "wus_phases.png", "time_saving.png", "acc_vs_cost.png",
 )  # fmt: skip
+LEDGER_FIGURES = {  # the runs at the papers' setting (grid or ledger): file -> what it shows
+    "ledger_test_acc.png": "Test accuracy per epoch at the papers' setting",
+    "ledger_acc_vs_cost.png": "Accuracy Δ against compute saved and time saved at the papers' setting",
+    "ledger_wus_phases.png": "WUS phases over the papers' 200 epochs",
+}
 NOT_IN_PAPER = "not in the paper"
 
 
@@ -600,11 +605,12 @@ def wus_schedule_table(runs: list[Run], published: dict[tuple, float]) -> Table:
 
 def paper_scale(
     summary: list[dict[str, Any]], runs: list[Run], published: dict[tuple, float], agree: dict[str, float]
-) -> tuple[str, list[Table]]:
+) -> tuple[str, list[Table], dict[str, Figure]]:
     """The section "Reproduced at the papers' scale": every published claim against our runs at the paper's setting,
     from the grid or the results ledger, with a verdict and one coverage line; the methods at equal cost at that
-    setting (every configuration, not only the papers' networks); and WUS on networks the paper lacks. Returns the
-    markdown and its tables (MLflow: tables/ledger.json, ledger_accuracy_vs_cost.json, ledger_wus_schedule.json)."""
+    setting (every configuration, not only the papers' networks); WUS on networks the paper lacks; figures of those
+    runs. Returns the markdown, its tables (MLflow: tables/ledger.json, ledger_accuracy_vs_cost.json,
+    ledger_wus_schedule.json) and its figures (LEDGER_FIGURES)."""
     claims = published_claims(published)
     chosen = paper_scale_rows(summary, runs)
     judged = [(c, chosen.get((c.study, c.dataset, c.model, c.method))) for c in claims]
@@ -650,11 +656,23 @@ def paper_scale(
     claims_table = Table("ledger", "Every published claim", coverage, CLAIM_HEADERS, cells)
     wus = wus_schedule_table(runs, published)
     at_scale = [row for row, _ in chosen.values()]
+    keys = {row_key(row) for row in at_scale}
+    at_scale_runs = [run for run in runs if config_key(run) in keys]
     cost = replace(
         cost_table(at_scale, implementation_of(runs), agree["cost_points"], "own_time_saving_pct"),
         slug="ledger_accuracy_vs_cost",
         title="Accuracy against cost at the papers' setting",
     )
+    where = "At the papers' setting"
+    figs = {
+        "ledger_test_acc.png": curve_figure(
+            at_scale_runs, "epoch", "epoch", f"{where}: test accuracy per epoch (mean over seeds, ±1 sd)"
+        ),
+        "ledger_acc_vs_cost.png": cost_figure(
+            at_scale, implementation_of(runs), "own_time_saving_pct", f"{where}: accuracy against cost (95% intervals)"
+        ),
+        "ledger_wus_phases.png": phases_figure(at_scale_runs, f"{where}: WUS phases (skip epochs shaded)"),
+    }
     lines = [
         "## Reproduced at the papers' scale",
         "",
@@ -672,8 +690,9 @@ def paper_scale(
         "",
         cost.markdown(),
         wus.markdown(),
+        *(f"![{what}](figures/{name})\n" for name, what in LEDGER_FIGURES.items()),
     ]
-    return "\n".join(lines), [claims_table, cost, wus]
+    return "\n".join(lines), [claims_table, cost, wus], figs
 
 
 # ---------------------------------------------------------------------------------------------------- equal cost
@@ -961,6 +980,8 @@ def _color(method: str) -> str:
 
 def curve_figure(runs: list[Run], x: str, xlabel: str, title: str) -> Figure:
     """Test accuracy (mean over seeds, ±1 sd band) against `x`, one panel per study, dataset and model."""
+    if not runs:
+        return _empty(title, "No runs here yet: no curve to show.")
     configs = configurations(runs)
     panels = sorted({k[:3] for k in configs})
     fig, axes = _panels(len(panels), title)
@@ -972,14 +993,16 @@ def curve_figure(runs: list[Run], x: str, xlabel: str, title: str) -> Figure:
             xs = [row[x] for row in curve]
             acc = [row["test_acc"] for row in curve]
             label = f"{key[3]} ({len(group)} seed{'s' * (len(group) > 1)})"
-            ax.plot(xs, acc, color=_color(key[3]), label=label, lw=1.8, marker="o" if len(xs) <= 20 else None, ms=3)
+            implements = implementation_of(group)[config_key(group[0])]  # a named configuration: its method's color
+            style = {"color": _color(implements), "ls": "-" if implements == key[3] else "--"}
+            ax.plot(xs, acc, label=label, lw=1.8, marker="o" if len(xs) <= 20 else None, ms=3, **style)
             if len(group) > 1:
                 sd = [statistics.stdev(r.history[i]["test_acc"] for r in group) for i in range(len(curve))]
                 ax.fill_between(
                     xs,
                     [a - s for a, s in zip(acc, sd, strict=True)],
                     [a + s for a, s in zip(acc, sd, strict=True)],
-                    color=_color(key[3]),
+                    color=style["color"],
                     alpha=0.15,
                 )
         ax.set(title=f"{panel[0]} study · {panel[1]} · {panel[2]}", xlabel=xlabel, ylabel="test accuracy (%)")
@@ -1015,12 +1038,13 @@ def pruned_figure(runs: list[Run]) -> Figure:
     return fig
 
 
-def phases_figure(runs: list[Run]) -> Figure:
+def phases_figure(
+    runs: list[Run], title: str = "WUS phases: skip epochs (shaded) update only the last layer's bias"
+) -> Figure:
     """Per WUS run (first seed): test accuracy with the skip epochs shaded, the baseline's and the lr drops."""
-    title = "WUS phases: skip epochs (shaded) update only the last layer's bias"
     configs = {k: g for k, g in configurations(runs).items() if all("phase" in r.history[0] for r in g)}
     if not configs:
-        return _empty(title, "No wus or wus_lr runs in this grid yet: no phases to show.")
+        return _empty(title, "No wus or wus_lr runs here yet: no phases to show.")
     baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
     fig, axes = _panels(len(configs), title)
     for ax, (key, group) in zip(axes, configs.items(), strict=False):
@@ -1116,17 +1140,23 @@ def saving_figure(summary: list[dict[str, Any]]) -> Figure:
     return fig
 
 
-def cost_figure(summary: list[dict[str, Any]], implementations: dict[tuple[str, ...], str]) -> Figure:
+def cost_figure(
+    summary: list[dict[str, Any]],
+    implementations: dict[tuple[str, ...], str],
+    time_figure: str = "time_saving_pct",
+    title: str = "Accuracy against cost: each method across its budgets, against the baseline (95% intervals)",
+) -> Figure:
     """Per study, dataset and model: accuracy Δ (95% t-interval over seeds) against compute saved (left) and time
-    saved (right, with its 95% interval), one line per method through its budgets; the papers' points (stars) beside
-    the time saved, the only cost they publish."""
-    title = "Accuracy against cost: each method across its budgets, against the baseline (95% intervals)"
+    saved (right, `time_figure` of TIME_SAVED, with its 95% interval), one line per method through its budgets; the
+    papers' points (stars) beside the time saved, the only cost they publish."""
     points = cost_points(summary, implementations)
     if not points:
-        return _empty(title, "No method with a compute saving and a paired baseline in this grid yet.")
+        return _empty(title, "No method with a compute saving and a paired baseline here yet.")
     panels = list(dict.fromkeys(panel(p) for p in points))
     fig, axes = _panels(2 * len(panels), title, cols=2)
-    axes_x = (("compute_saving_pct", "compute saved (%, exact)"), ("time_saving_pct", "time saved (%, 95% interval)"))
+    time_label = {"time_saving_pct": "time saved (%, 95% interval)",
+                  "own_time_saving_pct": "time saved vs own full epochs (%, 95% interval)"}[time_figure]  # fmt: skip
+    axes_x = (("compute_saving_pct", "compute saved (%, exact)"), (time_figure, time_label))
     for i, key in enumerate(panels):
         shown = [p for p in points if panel(p) == key]
         for ax, (x, xlabel) in zip(axes[2 * i : 2 * i + 2], axes_x, strict=True):
@@ -1149,7 +1179,7 @@ def cost_figure(summary: list[dict[str, Any]], implementations: dict[tuple[str, 
                 for p, px, py in zip(line, xs, ys, strict=True):
                     ax.annotate(p["method"], (px, py), textcoords="offset points", xytext=(4, 4), fontsize=7)
             published = [p for p in shown if None not in (p.get("paper_time_saving_pct"), p.get("paper_acc_delta"))]
-            for p in published if x == "time_saving_pct" else []:
+            for p in published if x == time_figure else []:
                 ax.plot(p["paper_time_saving_pct"], p["paper_acc_delta"], marker="*", ms=13, mfc="white", ls="none",
                         mec=_color(p["implementation"]), label=f"paper: {p['method']}")  # fmt: skip
             ax.set(title=f"{key[0]} study · {key[1]} · {key[2]}", xlabel=xlabel, ylabel="accuracy Δ (points)")
@@ -1285,10 +1315,10 @@ def write_results(
     summary = add_published(summarize(all_runs, measures), published)
     rows, runs = grid_part(summary, all_runs)
     tables = paper_tables(rows)
-    scale, scale_tables = paper_scale(summary, all_runs, published, agree)
+    scale, scale_tables, scale_figures = paper_scale(summary, all_runs, published, agree)
     cost = cost_table(rows, implementation_of(runs), agree["cost_points"])
     report = report_markdown(rows, runs, run_devices(runs), {k[:3] for k in published}, agree, tables, scale, cost)
-    figs = figures(rows, runs)
+    figs = figures(rows, runs) | scale_figures
     metrics = headline(summary)
     files: dict[str, str | bytes] = {
         "summary.csv": summary_csv(summary),
