@@ -505,6 +505,24 @@ def test_the_cost_table_compares_the_methods_at_equal_cost_and_says_whether_the_
     assert cost_table(COST_ROWS[:1], {}, 3.0).rows == []
 
 
+def test_a_lead_is_weighed_seed_by_seed_where_the_two_configurations_share_three_seeds():
+    """Overlapping intervals, yet the best wins on every seed: paired, its lead is a finding; a lead that varies in
+    sign is not; under 3 shared seeds the intervals decide."""
+    rows = [cost_row("dfp", 12.8, -0.4, 0.6), cost_row("random_prune", 12.8, -1.0, 0.6)]
+    key = {method: ("dfp", "cifar10", "resnet18", method, "") for method in ("dfp", "random_prune")}
+
+    def verdict(dfp: list[float], random_prune: list[float]) -> str:
+        accuracies = {key["dfp"]: dict(enumerate(dfp)), key["random_prune"]: dict(enumerate(random_prune))}
+        (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
+        return line.split("compute saved; ")[-1]
+
+    assert verdict([94.6, 94.0, 95.2], [94.0, 93.4, 94.6]) == (
+        "seed by seed (3 seeds) the lead is +0.60 [+0.60, +0.60] points; it excludes 0: a finding."
+    )
+    assert verdict([95.6, 94.0, 94.0], [94.0, 94.6, 93.2]).endswith("; it includes 0: not a finding.")
+    assert verdict([94.0, 94.0], [93.0, 93.0]) == "the lead is within the 95% intervals (they overlap): not a finding."
+
+
 def test_the_cost_figure_draws_one_line_per_method_through_its_budgets_and_the_papers_point_beside_time():
     compute_ax, time_ax = [a for a in cost_figure(COST_ROWS, IMPLEMENTS).axes if a.get_visible()]
     lines = {c.get_label(): c.lines[0].get_xydata().tolist() for c in compute_ax.containers}

@@ -9,8 +9,8 @@ the grid's: its setting, the papers' tables with its figures, findings, figures 
 only as a seed of one of the grid's configurations); summary.csv and metrics.json hold every configuration.
 
 "Accuracy against cost" compares the methods at equal cost: each method across its budgets (named configurations,
-`methods.<name>.method`), grouped by compute saved, the best at each budget named and its lead weighed against the
-95% intervals (`cost_table`, `cost_figure`: results/figures/acc_vs_cost.png).
+`methods.<name>.method`), grouped by compute saved, the best at each budget named and its lead weighed seed by seed
+against its 95% interval (`cost_table`, `cost_figure`: results/figures/acc_vs_cost.png).
 
 Wall-clock savings are shown with their 95% interval and beside the compute saved, their bound (`cheaptrain.timing`).
 A time saving is "within noise" of a figure, 0 or the paper's, when its interval contains it; a time saving below 0
@@ -45,6 +45,7 @@ from cheaptrain.aggregate import (
     add_published,
     collect,
     config_key,
+    describe,
     headline,
     ledger_runs,
     load_published,
@@ -659,7 +660,13 @@ def paper_scale(
     keys = {row_key(row) for row in at_scale}
     at_scale_runs = [run for run in runs if config_key(run) in keys]
     cost = replace(
-        cost_table(at_scale, implementation_of(runs), agree["cost_points"], "own_time_saving_pct"),
+        cost_table(
+            at_scale,
+            implementation_of(runs),
+            agree["cost_points"],
+            "own_time_saving_pct",
+            seed_accuracies(at_scale, runs),
+        ),
         slug="ledger_accuracy_vs_cost",
         title="Accuracy against cost at the papers' setting",
     )
@@ -703,9 +710,10 @@ COST_NOTE = (
     "in it (params `aggregate.agree_within.cost_points`): they cost the same. Δ: accuracy minus the baseline's, in "
     "points, ± the 95% t-interval over seeds (3+ seeds; (sd) with 2). Compute saved: 100·(1 − training FLOPs / the "
     "baseline's), exact; time saved: {time}, the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). "
-    "The best at a budget has the highest Δ; its lead is larger than the intervals when its 95% interval and the "
-    "runner-up's do not overlap. The paper's figures stand beside the configuration of the paper's own method and "
-    "setting (its name, e.g. `dfp`); the papers publish time saved, not compute."
+    "The best at a budget has the highest Δ. Its lead over the runner-up is weighed seed by seed where the two share "
+    "3 or more seeds (the 95% t-interval of their accuracy differences: a finding when it excludes 0), else by "
+    "whether their 95% intervals overlap. The paper's figures stand beside the configuration of the paper's own "
+    "method and setting (its name, e.g. `dfp`); the papers publish time saved, not compute."
 )
 
 
@@ -764,9 +772,43 @@ def point_text(row: dict[str, Any]) -> str:
     return f"{name}: Δ {shown} points at {row['compute_saving_pct_mean']:.1f}% compute saved"
 
 
-def budget_verdict(group: list[dict[str, Any]]) -> str:
+def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tuple[str, ...], dict[int, float]]:
+    """Per configuration (config_key), each seed's accuracy by its row's measure: two configurations side by side."""
+    measures = {row_key(row): row["acc_measure"] for row in summary}
+    accuracies: dict[tuple[str, ...], dict[int, float]] = {}
+    for run in runs:
+        if (key := config_key(run)) in measures:
+            accuracies.setdefault(key, {})[run.seed] = run.metrics[measures[key]]
+    return accuracies
+
+
+def paired_lead(
+    first: dict[str, Any], second: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]
+) -> str | None:
+    """The lead of `first` over `second` seed by seed (their seeds in common, 3 or more) with its 95% t-interval and
+    what it says; None with fewer seeds in common."""
+    ours, theirs = accuracies.get(row_key(first), {}), accuracies.get(row_key(second), {})
+    seeds = sorted(ours.keys() & theirs.keys())
+    if len(seeds) < 3:
+        return None
+    mean, _, ci = describe([ours[s] - theirs[s] for s in seeds])
+    assert ci is not None  # 3 or more values
+    said = "it excludes 0: a finding"
+    if mean + ci < 0:
+        said = "the runner-up leads on the seeds they share"
+    elif mean - ci <= 0:
+        said = "it includes 0: not a finding"
+    return (
+        f"seed by seed ({len(seeds)} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
+    )
+
+
+def budget_verdict(
+    group: list[dict[str, Any]], accuracies: dict[tuple[str, ...], dict[int, float]] | None = None
+) -> str:
     """Which configuration of a budget (best first) keeps the most accuracy, and whether its lead over the runner-up
-    is larger than the 95% intervals."""
+    is larger than its 95% interval: seed by seed where `accuracies` (seed_accuracies) pairs them, else whether
+    their intervals overlap."""
     first = group[0]
     where = f"{first['study'].upper()} {first['dataset']}/{first['model']}, compute saved {budget_label(group)}"
     if len(group) == 1:
@@ -774,7 +816,9 @@ def budget_verdict(group: list[dict[str, Any]]) -> str:
     second = group[1]
     lead = f"best {point_text(first)}; {first['acc_delta_mean'] - second['acc_delta_mean']:.2f} points ahead of "
     ours, theirs = acc_interval(first), acc_interval(second)
-    if ours is None or theirs is None:
+    if paired := paired_lead(first, second, accuracies or {}):
+        verdict = paired
+    elif ours is None or theirs is None:
         verdict = "under 3 seeds: no 95% interval to weigh the lead against"
     elif ours[0] > theirs[1]:
         verdict = "the lead is larger than the 95% intervals (they do not overlap)"
@@ -812,15 +856,17 @@ def cost_table(
     implementations: dict[tuple[str, ...], str],
     within: float,
     time_figure: str = "time_saving_pct",
+    accuracies: dict[tuple[str, ...], dict[int, float]] | None = None,
 ) -> Table:
     """The table "accuracy against cost": every method configuration by budget, best first, and in its note one
-    verdict per budget (budget_verdict); its time saving is `time_figure` (TIME_SAVED)."""
+    verdict per budget (budget_verdict, seed by seed with `accuracies`); its time saving is `time_figure`
+    (TIME_SAVED)."""
     groups = budgets(cost_points(summary, implementations), within)
     columns = cost_columns(time_figure)
     rows = [[f(r | {"budget": budget_label(g)}) for _, f in columns] for g in groups for r in g]
     note = COST_NOTE.format(within=within, time=TIME_SAVED[time_figure][1])
     if groups:
-        note += "\n\n" + "\n".join(f"- {budget_verdict(g)}" for g in groups)
+        note += "\n\n" + "\n".join(f"- {budget_verdict(g, accuracies)}" for g in groups)
     else:
         note = f"No method with a compute saving and a paired baseline here yet. {note}"
     return Table("accuracy_vs_cost", "Accuracy against cost", note, [h for h, _ in columns], rows)
@@ -1316,7 +1362,7 @@ def write_results(
     rows, runs = grid_part(summary, all_runs)
     tables = paper_tables(rows)
     scale, scale_tables, scale_figures = paper_scale(summary, all_runs, published, agree)
-    cost = cost_table(rows, implementation_of(runs), agree["cost_points"])
+    cost = cost_table(rows, implementation_of(runs), agree["cost_points"], accuracies=seed_accuracies(rows, runs))
     report = report_markdown(rows, runs, run_devices(runs), {k[:3] for k in published}, agree, tables, scale, cost)
     figs = figures(rows, runs) | scale_figures
     metrics = headline(summary)
