@@ -25,10 +25,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from cheaptrain import run_main
 
 
-def terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")  # so that the MLflow run is marked KILLED, as on Ctrl-C
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", help="the paper whose recipe trains the run: a key of `recipes`")
@@ -47,6 +43,7 @@ def main() -> None:
     from cheaptrain.config import load_params, resolve_run, validate_grid
     from cheaptrain.distributed import from_environment, stop
     from cheaptrain.runner import keep_freed_memory, train_run
+    from cheaptrain.tracking import INTERRUPTS
 
     params = load_params(args.params)
     validate_grid(params)
@@ -60,7 +57,8 @@ def main() -> None:
     processes = from_environment()
     cfg = dataclasses.replace(cfg, processes=processes.world)  # as launched: torchrun may be called directly
     keep_freed_memory()  # this process only trains
-    signal.signal(signal.SIGTERM, terminate)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # a KeyboardInterrupt, but never inside a store write
+        signal.signal(signum, INTERRUPTS.handle)
     try:
         final = train_run(cfg, track=not args.no_mlflow, processes=processes)
     except KeyboardInterrupt:

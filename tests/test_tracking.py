@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ from test_reliability import (
 from cheaptrain import UserError
 from cheaptrain.data import prepared_digest
 from cheaptrain.prepare import write_prepared
-from cheaptrain.tracking import EXPERIMENT_KIND, DatasetRef, RunTracker, dataset_ref, ensure_experiment
+from cheaptrain.tracking import EXPERIMENT_KIND, DatasetRef, Interrupts, RunTracker, dataset_ref, ensure_experiment
 
 from conftest import REPO, read_csv, run_in, synthetic_split
 
@@ -342,3 +344,31 @@ def test_the_check_stage_fails_early_on_an_unusable_store(tmp_path, monkeypatch)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: cannot use the MLflow tracking store")
     assert "PASSED" not in result.stdout and not (tmp_path / "check.json").exists()
+
+
+def test_a_signal_during_a_store_write_interrupts_once_the_write_is_done():
+    """An interrupt inside MLflow's SQLite transaction can leave the store locked, so that the run cannot be marked
+    KILLED: stages/train.py's handler holds SIGTERM and SIGINT back until the write is done; a second one does not
+    wait; outside a write they interrupt at once."""
+    import signal
+
+    interrupts = Interrupts()
+    done = []
+    previous = signal.signal(signal.SIGTERM, interrupts.handle)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal 15"), interrupts.held_back():
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: inside the write
+            done.append("the whole write")
+        assert done == ["the whole write"]
+        with pytest.raises(KeyboardInterrupt, match="signal 2"), interrupts.held_back():
+            interrupts.handle(signal.SIGTERM, None)
+            interrupts.handle(signal.SIGINT, None)  # a second signal: a store that hangs stays stoppable
+            done.append("never")
+        assert done == ["the whole write"]
+        with interrupts.held_back():
+            done.append("no signal: nothing raised")
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            os.kill(os.getpid(), signal.SIGTERM)  # outside a write: at once
+            time.sleep(5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -44,6 +44,38 @@ if TYPE_CHECKING:
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
+class Interrupts:
+    """SIGTERM and SIGINT in a training process: a KeyboardInterrupt (so that its MLflow run is marked KILLED), held
+    back while the run writes to the store. Interrupted inside an SQLite transaction, MLflow can leave the store
+    locked for the rest of the process, and the run could not be marked at all. A second signal during a write
+    interrupts at once (a store that hangs must not make the run unstoppable)."""
+
+    def __init__(self) -> None:
+        self.writing = False
+        self.held: int | None = None
+
+    def handle(self, signum: int, frame: object) -> None:
+        """The signal handler (stages/train.py installs it)."""
+        if self.writing and self.held is None:
+            self.held = signum
+            return
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    @contextlib.contextmanager
+    def held_back(self) -> Iterator[None]:
+        """A store write: a signal that arrives during it interrupts once it is done."""
+        self.writing = True
+        try:
+            yield
+        finally:
+            self.writing, signum, self.held = False, self.held, None
+        if signum is not None:  # the write is done (a write that failed raises its own error)
+            raise KeyboardInterrupt(f"signal {signum}")
+
+
+INTERRUPTS = Interrupts()
+
+
 def project_root() -> Path:
     """The real repository root: DVC_ROOT under DVC (also for temporary experiment copies), else the cwd."""
     return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
@@ -363,26 +395,28 @@ class RunTracker:
                     file=sys.stderr,
                 )
                 run_id = None
-        try:
-            run = self.mlflow.start_run(
-                run_id=run_id, experiment_id=self.experiment_id, run_name=name, log_system_metrics=True
-            )
-        except MlflowException as e:  # a store that reads but does not write, say
-            raise store_error(f"cannot start the run {name}: {e.message}") from e
-        self.run_id = run.info.run_id
-        if run_id is not None:
-            logged = client.get_metric_history(run_id, "test_acc")
-            return max((m.step for m in logged), default=0)
-        self.mlflow.log_params({k: str(v) for k, v in flatten(params).items()})
-        self.mlflow.set_tags(tags)
-        if dataset is not None:
-            log_dataset(client, self.run_id, dataset)
-        return 0
+        with INTERRUPTS.held_back():
+            try:
+                run = self.mlflow.start_run(
+                    run_id=run_id, experiment_id=self.experiment_id, run_name=name, log_system_metrics=True
+                )
+            except MlflowException as e:  # a store that reads but does not write, say
+                raise store_error(f"cannot start the run {name}: {e.message}") from e
+            self.run_id = run.info.run_id
+            if run_id is not None:
+                logged = client.get_metric_history(run_id, "test_acc")
+                return max((m.step for m in logged), default=0)
+            self.mlflow.log_params({k: str(v) for k, v in flatten(params).items()})
+            self.mlflow.set_tags(tags)
+            if dataset is not None:
+                log_dataset(client, self.run_id, dataset)
+            return 0
 
     def note_resume(self, epoch: int) -> None:
         """Record on the run each epoch it was resumed after (tag `resumed_after_epochs`, e.g. "2,5")."""
         previous = self.mlflow.MlflowClient().get_run(self.run_id).data.tags.get("resumed_after_epochs")
-        self.mlflow.set_tag("resumed_after_epochs", f"{previous},{epoch}" if previous else str(epoch))
+        with INTERRUPTS.held_back():
+            self.mlflow.set_tag("resumed_after_epochs", f"{previous},{epoch}" if previous else str(epoch))
 
     def log_epoch(self, row: dict[str, Any]) -> None:
         """One epoch's metrics in one batch: the store holds all of an epoch or none of it. The epoch is already
@@ -391,7 +425,8 @@ class RunTracker:
 
         metrics = {k: float(v) for k, v in row.items() if k != "epoch" and isinstance(v, int | float)}
         try:
-            self.mlflow.log_metrics(metrics, step=int(row["epoch"]))
+            with INTERRUPTS.held_back():
+                self.mlflow.log_metrics(metrics, step=int(row["epoch"]))
         except MlflowException as e:
             raise UserError(
                 f"cannot log epoch {row['epoch']} to the MLflow store {tracking_uri()!r}: "
@@ -400,10 +435,11 @@ class RunTracker:
             ) from e
 
     def finish(self, final: dict[str, float], artifacts: list[Path]) -> None:
-        self.mlflow.log_metrics({k: float(v) for k, v in final.items()})
-        for path in artifacts:
-            self.mlflow.log_artifact(str(path))
-        self.mlflow.end_run("FINISHED")
+        with INTERRUPTS.held_back():
+            self.mlflow.log_metrics({k: float(v) for k, v in final.items()})
+            for path in artifacts:
+                self.mlflow.log_artifact(str(path))
+            self.mlflow.end_run("FINISHED")
 
     def fail(self, status: str = "FAILED") -> None:
         """Mark the run FAILED or KILLED; never hides the error that stopped it (the store may be what failed)."""
