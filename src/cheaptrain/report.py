@@ -659,10 +659,11 @@ def paper_scale(
     at_scale = [row for row, _ in chosen.values()]
     keys = {row_key(row) for row in at_scale}
     at_scale_runs = [run for run in runs if config_key(run) in keys]
+    implements = implementation_of(runs)
     cost = replace(
         cost_table(
             at_scale,
-            implementation_of(runs),
+            implements,
             agree["cost_points"],
             "own_time_saving_pct",
             seed_accuracies(at_scale, runs),
@@ -676,7 +677,7 @@ def paper_scale(
             at_scale_runs, "epoch", "epoch", f"{where}: test accuracy per epoch (mean over seeds, ±1 sd)"
         ),
         "ledger_acc_vs_cost.png": cost_figure(
-            at_scale, implementation_of(runs), "own_time_saving_pct", f"{where}: accuracy against cost (95% intervals)"
+            at_scale, implements, "own_time_saving_pct", f"{where}: accuracy against cost (95% intervals)"
         ),
         "ledger_wus_phases.png": phases_figure(at_scale_runs, f"{where}: WUS phases (skip epochs shaded)"),
     }
