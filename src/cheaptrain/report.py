@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from matplotlib.figure import Figure
 
@@ -828,11 +828,23 @@ def budget_verdict(
     return f"{where}: {lead}{point_text(second)}; {verdict}."
 
 
+class TimeSaved(NamedTuple):
+    """How a time figure of the cost table and figure is shown."""
+
+    header: str  # the table's column
+    axis: str  # the figure's x axis
+    against: str  # what it is measured against, for the table's note
+
+
 TIME_SAVED = {  # the cost table's time figure: against the baseline's run, or against the run's own full epochs
-    "time_saving_pct": ("time saved % [95%]", "against the baseline's run"),
-    "own_time_saving_pct": ("own time saved % [95%]", "against the run's own full epochs (runs hours apart on a "
-                            "shared machine carry its drift between them; this figure does not)"),
-}  # fmt: skip
+    "time_saving_pct": TimeSaved("time saved % [95%]", "time saved (%, 95% interval)", "against the baseline's run"),
+    "own_time_saving_pct": TimeSaved(
+        "own time saved % [95%]",
+        "time saved vs own full epochs (%, 95% interval)",
+        "against the run's own full epochs (runs hours apart on a shared machine carry its drift between them; this "
+        "figure does not)",
+    ),
+}
 
 
 def cost_columns(time_figure: str) -> list[Column]:
@@ -845,7 +857,7 @@ def cost_columns(time_figure: str) -> list[Column]:
         ("implements", lambda r: r["implementation"]),
         ("seeds", lambda r: str(int(r["seeds"]))),
         ("compute saved %", lambda r: stat(r, "compute_saving_pct", 1)),
-        (TIME_SAVED[time_figure][0], lambda r: saving_cell(r, time_figure)),
+        (TIME_SAVED[time_figure].header, lambda r: saving_cell(r, time_figure)),
         ("Δ vs baseline", lambda r: stat(r, "acc_delta", sign=True)),
         ("paper time saved %", lambda r: paper(r, "paper_time_saving_pct")),
         ("paper Δ", lambda r: paper(r, "paper_acc_delta", sign=True)),
@@ -865,7 +877,7 @@ def cost_table(
     groups = budgets(cost_points(summary, implementations), within)
     columns = cost_columns(time_figure)
     rows = [[f(r | {"budget": budget_label(g)}) for _, f in columns] for g in groups for r in g]
-    note = COST_NOTE.format(within=within, time=TIME_SAVED[time_figure][1])
+    note = COST_NOTE.format(within=within, time=TIME_SAVED[time_figure].against)
     if groups:
         note += "\n\n" + "\n".join(f"- {budget_verdict(g, accuracies)}" for g in groups)
     else:
@@ -1201,9 +1213,7 @@ def cost_figure(
         return _empty(title, "No method with a compute saving and a paired baseline here yet.")
     panels = list(dict.fromkeys(panel(p) for p in points))
     fig, axes = _panels(2 * len(panels), title, cols=2)
-    time_label = {"time_saving_pct": "time saved (%, 95% interval)",
-                  "own_time_saving_pct": "time saved vs own full epochs (%, 95% interval)"}[time_figure]  # fmt: skip
-    axes_x = (("compute_saving_pct", "compute saved (%, exact)"), (time_figure, time_label))
+    axes_x = (("compute_saving_pct", "compute saved (%, exact)"), (time_figure, TIME_SAVED[time_figure].axis))
     for i, key in enumerate(panels):
         shown = [p for p in points if panel(p) == key]
         for ax, (x, xlabel) in zip(axes[2 * i : 2 * i + 2], axes_x, strict=True):
