@@ -32,7 +32,7 @@ def main() -> None:
     out = Path(args.out or ("results/ledger-only" if args.ledger_only else "results"))
 
     from cheaptrain.config import load_params
-    from cheaptrain.report import write_results
+    from cheaptrain.report.stage import write_results
 
     params = load_params(args.params)
     if args.ledger_only:

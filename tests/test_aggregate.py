@@ -26,17 +26,9 @@ from cheaptrain.aggregate import (
     summarize,
     summary_csv,
 )
-from cheaptrain.report import (
-    FIGURES,
-    LEDGER_FIGURES,
-    cost_figure,
-    cost_table,
-    findings,
-    implementation_of,
-    paper_tables,
-    saving_figure,
-    setting_differences,
-)
+from cheaptrain.report.equal_cost import cost_table, implementation_of
+from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, saving_figure
+from cheaptrain.report.tables import findings, paper_tables, setting_differences
 from cheaptrain.timing import run_time
 
 from conftest import REPO, grid, read_csv, run_in

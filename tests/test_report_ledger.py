@@ -16,7 +16,10 @@ import pytest
 
 from cheaptrain import UserError
 from cheaptrain.aggregate import Run, collect, headline, ledger_runs, recipe_id, summarize, with_ledger
-from cheaptrain.report import LEDGER_FIGURES, PAPERS, grid_part, paper_scale
+from cheaptrain.papers import PAPERS
+from cheaptrain.report.claims import paper_scale
+from cheaptrain.report.figures import LEDGER_FIGURES
+from cheaptrain.report.stage import grid_part
 
 from conftest import REPO, read_csv
 

@@ -75,16 +75,21 @@ def checkpoint_path(cfg: RunConfig) -> Path:
 def imported_files(module: str) -> list[Path]:
     """The source files of `module` and of every cheaptrain module it imports, directly or not, as the code reads
     (import statements anywhere in a file, deferred ones too). A subpackage brings all its modules (`methods`
-    imports each of them); the package root is its __init__.py."""
+    imports each of them); a submodule brings the __init__.py of each package above it, which Python runs first;
+    the package root is its __init__.py."""
     root = Path(__file__).parent
 
     def files_of(name: str) -> list[Path]:
-        path = root.joinpath(*name.split(".")[1:])
+        parts = name.split(".")[1:]
+        path = root.joinpath(*parts)
         if path == root:
             return [root / "__init__.py"]
         if path.is_dir():
             return sorted(path.rglob("*.py"))
-        return [path.with_suffix(".py")] if path.with_suffix(".py").is_file() else []  # else: a name, not a module
+        if not path.with_suffix(".py").is_file():
+            return []  # a name, not a module
+        parents = [root.joinpath(*parts[:i], "__init__.py") for i in range(1, len(parts))]  # a submodule runs them
+        return [path.with_suffix(".py"), *parents]
 
     seen: set[Path] = set()
     todo = files_of(module)

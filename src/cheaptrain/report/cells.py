@@ -1,0 +1,95 @@
+"""A summary figure as a table cell ('mean ± ci95', the paper's figure, a saving within noise), and the Table that
+every section of the report builds (markdown in report.md, a JSON table in MLflow)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cheaptrain.aggregate import BASELINE
+
+MEASURE_LABEL = {"best3_acc": "mean of the best three test accuracies", "final_acc": "final-epoch test accuracy"}
+MEASURE_SHORT = {"best3_acc": "best-3 acc %", "final_acc": "final acc %"}
+NOT_IN_PAPER = "not in the paper"
+
+
+def fmt(value: float | None, digits: int = 2, sign: bool = False) -> str:
+    """A number with `digits` decimals (and its sign), '—' where there is none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def stat(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -> str:
+    """'mean ± ci95' with 3+ seeds, 'mean (sd x)' with 2, 'mean' with 1, '—' when the figure does not apply."""
+    mean = row.get(f"{name}_mean")
+    if mean is None:
+        return "—"
+    text = fmt(mean, digits, sign)
+    if row.get(f"{name}_ci95") is not None:
+        return f"{text} ± {row[f'{name}_ci95']:.{digits}f}"
+    if row.get(f"{name}_std") is not None:
+        return f"{text} (sd {row[f'{name}_std']:.{digits}f})"
+    return text
+
+
+def paper(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -> str:
+    """The paper's figure; '—' where it cannot apply (a baseline's saving or delta), else 'not in the paper'."""
+    if row.get(name) is not None:
+        return fmt(row[name], digits, sign)
+    if row["method"] == BASELINE and name not in ("paper_acc", "paper_train_time_s"):
+        return "—"
+    return NOT_IN_PAPER
+
+
+def interval_text(row: dict[str, Any], name: str, digits: int = 1) -> str:
+    """'mean [lo, hi]' with the figure's 95% interval; stat() where the summary has none."""
+    if row.get(f"{name}_lo") is None or row.get(f"{name}_mean") is None:
+        return stat(row, name, digits)
+    return f"{row[f'{name}_mean']:.{digits}f} [{row[f'{name}_lo']:.{digits}f}, {row[f'{name}_hi']:.{digits}f}]"
+
+
+def less_work(row: dict[str, Any]) -> bool:
+    """Whether the method did less work than its baseline: fewer FLOPs, or (runs without FLOPs) fewer samples."""
+    saved = row.get("compute_saving_pct_mean", row.get("sample_saving_pct_mean"))
+    return saved is not None and saved > 0
+
+
+def within_noise(row: dict[str, Any], name: str, compared: float) -> bool:
+    """Whether the wall-clock saving `name` cannot be told from `compared` (module docstring)."""
+    mean, lo, hi = (row.get(f"{name}_{part}") for part in ("mean", "lo", "hi"))
+    if row["method"] == BASELINE or mean is None:
+        return False
+    return (lo is not None and lo <= compared <= hi) or (mean < 0 and less_work(row))
+
+
+def saving_cell(row: dict[str, Any], name: str) -> str:
+    """A wall-clock saving with its interval, marked when it is within noise of 0."""
+    text = interval_text(row, name)
+    return f"{text} within noise" if within_noise(row, name, 0.0) else text
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+@dataclass
+class Table:
+    slug: str  # file name in MLflow: tables/<slug>.json
+    title: str
+    note: str
+    headers: list[str]
+    rows: list[list[str]]
+
+    def markdown(self) -> str:
+        table = md_table(self.headers, self.rows) + "\n\n" if self.rows else ""
+        return f"### {self.title}\n\n{table}{self.note}\n"
+
+    def columns(self) -> dict[str, list[str]]:
+        return {h: [r[i] for r in self.rows] for i, h in enumerate(self.headers)}
+
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]

@@ -1,0 +1,303 @@
+"""The section "Reproduced at the papers' scale": every figure the papers publish about a method against our runs
+at the paper's setting (grid or results ledger), with a verdict, a coverage line, the methods at equal cost there,
+WUS on networks the paper lacks, and the figures of those runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from cheaptrain.aggregate import BASELINE, KEY, PAPER_MEASURE, Run, config_key, row_key
+from cheaptrain.papers import paper_setting as paper_setting_of
+from cheaptrain.report.cells import MEASURE_LABEL, NOT_IN_PAPER, Table, fmt, md_table, stat
+from cheaptrain.report.equal_cost import cost_table, implementation_of, seed_accuracies
+from cheaptrain.report.figures import LEDGER_FIGURES, cost_figure, curve_figure, phases_figure
+from cheaptrain.report.tables import time_kind
+
+CLAIMS = {  # a published metric of a method: (our statistic, what it is, digits)
+    "accuracy_best3": ("acc_delta", "accuracy Δ (points)", 2),  # DFP Table 2, against the paper's own baseline
+    "accuracy": ("acc_delta", "accuracy Δ (points)", 2),  # WUS Table 2
+    # DFP Table 1, WUS Table 1: ours against the run's own full epochs, which the drift of a shared machine between
+    # the method's run and its baseline's (hours apart) does not enter; the tables above show the paired saving too
+    "time_saving": ("own_time_saving_pct", "time saved % (vs its own full epochs)", 1),
+    "updated_params_reduction": ("updated_params_reduction_pct", "updated-parameter reduction %", 1),  # WUS Table 3
+}
+WITHIN, OUTSIDE, NOISE, NOT_RUN = "within tolerance", "outside tolerance", "within noise", "not yet run"
+UNAVAILABLE = {  # datasets these machines cannot obtain: (verdict, why)
+    "cifar100": (
+        "CIFAR-100 unavailable",
+        "CIFAR-100 cannot be obtained on these machines: they reach no download site, and `../shared/datasets/` "
+        "holds CIFAR-10 only",
+    ),
+}
+JPEG_NOTE = (
+    "CIFAR-10 here is the shared archive's JPEG re-encoding of the official images (`../shared/datasets/README.md`): "
+    "accuracies on it run a little below those on the official data, so an accuracy a little below the paper's is "
+    "expected; a Δ compares two runs on the same data."
+)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One figure a paper publishes about a method: its accuracy Δ against the paper's baseline, its time saved, or
+    (WUS) its reduction of updated parameters."""
+
+    study: str
+    dataset: str
+    model: str
+    method: str
+    figure: str  # the summary's statistic: acc_delta | time_saving_pct | updated_params_reduction_pct
+    what: str
+    digits: int
+    published: float
+
+
+def published_claims(published: dict[tuple, float]) -> list[Claim]:
+    """Every claim of the papers' tables about a method, in the order of the tables' networks."""
+    order: dict[tuple, int] = {}
+    for key in published:
+        order.setdefault(key[:3], len(order))
+    figures = list(dict.fromkeys(figure for figure, _, _ in CLAIMS.values()))
+    claims = []
+    for (study, dataset, model, method, metric), value in published.items():
+        if method == BASELINE or metric not in CLAIMS:
+            continue
+        figure, what, digits = CLAIMS[metric]
+        if figure == "acc_delta":
+            baseline = published.get((study, dataset, model, BASELINE, metric))
+            if baseline is None:
+                continue
+            value -= baseline
+        claims.append(Claim(study, dataset, model, method, figure, what, digits, value))
+    return sorted(claims, key=lambda c: (order[c.study, c.dataset, c.model], c.method, figures.index(c.figure)))
+
+
+def paper_setting(run: Run) -> tuple[bool, list[str]]:
+    """Whether a run counts as trained at its paper's setting (papers.paper_setting), with its model arguments named
+    as a deviation."""
+    counted, notes = paper_setting_of(run.study, run.config.get("recipe") or {}, run.model)
+    if counted and run.config.get("model_args"):
+        notes.append(f"model arguments {run.config['model_args']}")
+    return counted, notes
+
+
+def first_runs(runs: list[Run]) -> dict[tuple[str, ...], Run]:
+    """One run per configuration (its runs share the recipe), by configuration key."""
+    first: dict[tuple[str, ...], Run] = {}
+    for run in runs:
+        first.setdefault(config_key(run), run)
+    return first
+
+
+def paper_scale_rows(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tuple, tuple[dict[str, Any], list[str]]]:
+    """Per (study, dataset, model, method): the summary row at the paper's setting and its deviations; of several,
+    the one with the fewest deviations, then the most seeds."""
+    first = first_runs(runs)
+    chosen: dict[tuple, tuple[dict[str, Any], list[str]]] = {}
+    for row in summary:
+        counted, notes = paper_setting(first[row_key(row)])
+        if not counted:
+            continue
+        theirs = PAPER_MEASURE[row["study"]]
+        if row["acc_measure"] != theirs:
+            notes = [*notes, f"accuracy: {MEASURE_LABEL[row['acc_measure']]} (paper: {MEASURE_LABEL[theirs]})"]
+        key = tuple(row[k] for k in KEY)
+        if key not in chosen or (len(notes), -row["seeds"]) < (len(chosen[key][1]), -chosen[key][0]["seeds"]):
+            chosen[key] = (row, notes)
+    return chosen
+
+
+def claim_verdict(claim: Claim, row: dict[str, Any] | None, agree: dict[str, float]) -> str:
+    """Within tolerance (`agree_within` points, or the paper's figure inside our 95% t-interval), outside it, within
+    noise (a time saving: time_kind), not yet run, or the dataset unavailable here."""
+    if row is None:
+        return UNAVAILABLE[claim.dataset][0] if claim.dataset in UNAVAILABLE else NOT_RUN
+    value = row.get(f"{claim.figure}_mean")
+    if value is None:
+        return NOT_RUN
+    if claim.figure == "own_time_saving_pct":
+        kind = time_kind(row, claim.published, agree["saving_points"], claim.figure)
+        return {"match": WITHIN, "mismatch": OUTSIDE}.get(kind, NOISE)
+    tol = agree["acc_points"] if claim.figure == "acc_delta" else agree["saving_points"]
+    return WITHIN if abs(value - claim.published) <= max(tol, row.get(f"{claim.figure}_ci95") or 0) else OUTSIDE
+
+
+def claim_figure(row: dict[str, Any] | None, claim: Claim) -> str:
+    """Our figure: 'mean [lo, hi]' with its 95% interval; stat() under 3 seeds; why it is missing."""
+    if row is None:
+        return "—"
+    name, digits = claim.figure, claim.digits
+    mean = row.get(f"{name}_mean")
+    if mean is None:
+        return f"— ({missing_figure(row, name)})"
+    if row.get(f"{name}_lo") is not None:
+        lo, hi = row[f"{name}_lo"], row[f"{name}_hi"]
+    elif row.get(f"{name}_ci95") is not None:
+        lo, hi = mean - row[f"{name}_ci95"], mean + row[f"{name}_ci95"]
+    else:
+        return stat(row, name, digits, sign=True)
+    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def missing_figure(row: dict[str, Any], name: str) -> str:
+    if row.get("acc_delta_mean") is None:
+        return "no baseline at this setting"
+    if name == "own_time_saving_pct":
+        return "no per-epoch times"
+    return "not in its runs' metrics"
+
+
+CLAIM_HEADERS = [
+    "study", "dataset", "model", "method", "claim", "ours [95% interval]", "seeds", "device", "paper", "diff",
+    "compute saved % (bound)", "setting", "verdict",
+]  # fmt: skip
+
+
+def claim_cells(claim: Claim, found: tuple[dict[str, Any], list[str]] | None, verdict: str) -> list[str]:
+    """One row of the claims table (CLAIM_HEADERS); `found`: the row at the paper's setting and its deviations."""
+    row, notes = found or (None, [])
+    digits, signed = claim.digits, claim.figure == "acc_delta"
+    mean = row.get(f"{claim.figure}_mean") if row else None
+    compute = stat(row, "compute_saving_pct", 1) if row and claim.figure == "own_time_saving_pct" else ""
+    return [
+        claim.study, claim.dataset, claim.model, claim.method, claim.what, claim_figure(row, claim),
+        str(int(row["seeds"])) if row else "—", (row.get("devices") or "—") if row else "—",
+        fmt(claim.published, digits, signed), fmt(None if mean is None else mean - claim.published, digits, True),
+        compute, ("; ".join(notes) or "paper's") if row else "—", verdict,
+    ]  # fmt: skip
+
+
+def wus_schedule_table(runs: list[Run], published: dict[tuple, float]) -> Table:
+    """Per WUS or WUS+LR run at the paper's setting on a network the paper lacks: its share of skip epochs and its
+    Eq. 1 reduction, beside the range of Table 3 on the same dataset."""
+    table3: dict[str, list[float]] = {}
+    for (study, dataset, _, _, metric), value in published.items():
+        if study == "wus" and metric == "updated_params_reduction":
+            table3.setdefault(dataset, []).append(value)
+    networks = {k[:3] for k in published}
+    rows = []
+    for run in sorted(runs, key=lambda r: (r.dataset, r.model, r.method, r.seed)):
+        if run.study != "wus" or run.method == BASELINE or (run.study, run.dataset, run.model) in networks:
+            continue
+        counted, notes = paper_setting(run)
+        skip, normal = run.metrics.get("skip_epochs"), run.metrics.get("normal_epochs")
+        if not counted or skip is None or normal is None:
+            continue
+        theirs = table3.get(run.dataset)
+        rows.append([
+            run.name, run.device or "—", f"{run.metrics['epochs']:.0f}", f"{skip:.0f}",
+            fmt(100 * skip / (skip + normal) if skip + normal else None, 1),
+            fmt(run.metrics.get("updated_params_reduction_pct"), 1),
+            f"{min(theirs):.0f}–{max(theirs):.0f}" if theirs else NOT_IN_PAPER, "; ".join(notes) or "paper's",
+        ])  # fmt: skip
+    note = (
+        "The WUS paper trains none of these networks. Skip epochs: epochs that updated only the last layer's biases; "
+        "reduction: Eq. 1, N = E_skip·b + E_normal·(b + w), against a baseline that updates every parameter every "
+        "epoch; Table 3: the range of the paper's reductions on the same dataset (its 4 networks, WUS and WUS+LR)."
+    )
+    if not rows:
+        note = f"No WUS or WUS+LR run at the paper's setting on a network the paper lacks yet. {note}"
+    headers = ["run", "device", "epochs", "skip epochs", "skip share %", "reduction %", "Table 3 %", "setting"]
+    return Table("ledger_wus_schedule", "WUS through its whole schedule, on networks the paper lacks", note, headers,
+                 rows)  # fmt: skip
+
+
+def paper_scale(
+    summary: list[dict[str, Any]], runs: list[Run], published: dict[tuple, float], agree: dict[str, float]
+) -> tuple[str, list[Table], dict[str, Figure]]:
+    """The section "Reproduced at the papers' scale": every published claim against our runs at the paper's setting,
+    from the grid or the results ledger, with a verdict and one coverage line; the methods at equal cost at that
+    setting (every configuration, not only the papers' networks); WUS on networks the paper lacks; figures of those
+    runs. Returns the markdown, its tables (MLflow: tables/ledger.json, ledger_accuracy_vs_cost.json,
+    ledger_wus_schedule.json) and its figures (LEDGER_FIGURES)."""
+    claims = published_claims(published)
+    chosen = paper_scale_rows(summary, runs)
+    judged = [(c, chosen.get((c.study, c.dataset, c.model, c.method))) for c in claims]
+    verdicts = [claim_verdict(c, found[0] if found else None, agree) for c, found in judged]
+    cells = [claim_cells(c, found, v) for (c, found), v in zip(judged, verdicts, strict=True)]
+    count = {v: verdicts.count(v) for v in (WITHIN, OUTSIDE, NOISE, NOT_RUN)}
+    unavailable = [f"{verdicts.count(label)} {label}" for label, _ in UNAVAILABLE.values() if label in verdicts]
+    ran = count[WITHIN] + count[OUTSIDE] + count[NOISE]
+    coverage = (
+        f"**{ran} of {len(claims)} published claims run, {count[WITHIN]} within tolerance** ({count[NOISE]} within "
+        f"noise, {count[OUTSIDE]} outside tolerance, {count[NOT_RUN]} not yet run"
+        + "".join(f", {u}" for u in unavailable)
+        + ")."
+    )
+    notes = [
+        "Ours: the mean over seeds and its 95% interval (accuracy Δ and reduction: the t-interval over seeds, from 3 "
+        "seeds; time saved: the interval of `cheaptrain.timing`, which also sees how epochs scatter within a run); "
+        "time saved is the run's against its own full epochs (the saving against its baseline's run, hours apart on "
+        "a shared machine, carries that machine's drift: it is in the tables below); "
+        "with 2 seeds the standard deviation (sd), with 1 the mean alone. Δ: method minus the baseline of the same "
+        "recipe and seed; the paper's: its method minus its baseline. diff: ours minus the paper's.",
+        f"Verdict: within tolerance when ours lies within ±{agree['acc_points']:g} points (accuracy Δ) or "
+        f"±{agree['saving_points']:g} points (time saved, reduction) of the paper's figure (params "
+        "`aggregate.agree_within`) or, for the accuracy Δ and the reduction, the paper's figure lies within our 95% "
+        "t-interval. A time saving further from the paper's is within noise, never outside tolerance, when its "
+        "interval contains the paper's figure or it is negative for a method that did less work; one above the "
+        "compute saved is within noise too. Not yet run: no run at the paper's setting, or none of its baseline.",
+        "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "
+        "saves, so it bounds the time saving on any hardware; a paper's time saving above it cannot come from the "
+        "work the method leaves out alone.",
+        *(f"{why}." for _, why in UNAVAILABLE.values()),
+        JPEG_NOTE,
+    ]
+    excluded, first = [], first_runs(runs)
+    for row in summary:
+        counted, differences = paper_setting(first[row_key(row)])
+        if "ledger" in row.get("source", "") and not counted:
+            excluded.append(
+                f"{row['study']} {row['dataset']}/{row['model']}/{row['method']} ({'; '.join(differences)})"
+            )
+    if excluded:
+        notes.append("Ledger runs not at the paper's setting, not counted: " + ", ".join(excluded) + ".")
+    claims_table = Table("ledger", "Every published claim", coverage, CLAIM_HEADERS, cells)
+    wus = wus_schedule_table(runs, published)
+    at_scale = [row for row, _ in chosen.values()]
+    keys = {row_key(row) for row in at_scale}
+    at_scale_runs = [run for run in runs if config_key(run) in keys]
+    implements = implementation_of(runs)
+    cost = replace(
+        cost_table(
+            at_scale,
+            implements,
+            agree["cost_points"],
+            "own_time_saving_pct",
+            seed_accuracies(at_scale, runs),
+        ),
+        slug="ledger_accuracy_vs_cost",
+        title="Accuracy against cost at the papers' setting",
+    )
+    where = "At the papers' setting"
+    figs = {
+        "ledger_test_acc.png": curve_figure(
+            at_scale_runs, "epoch", "epoch", f"{where}: test accuracy per epoch (mean over seeds, ±1 sd)"
+        ),
+        "ledger_acc_vs_cost.png": cost_figure(
+            at_scale, implements, "own_time_saving_pct", f"{where}: accuracy against cost (95% intervals)"
+        ),
+        "ledger_wus_phases.png": phases_figure(at_scale_runs, f"{where}: WUS phases (skip epochs shaded)"),
+    }
+    lines = [
+        "## Reproduced at the papers' scale",
+        "",
+        coverage,
+        "",
+        "Every figure the papers publish about a method (`data/published_results.csv`: DFP Tables 1 and 2, WUS "
+        "Tables 1 to 3), against our runs at the paper's setting: 200 epochs and the study's paper recipe, on any "
+        "device, from the grid (`runs/`) or the results ledger (`ledger/`, runs kept in the repository). A setting "
+        "of one network in `recipes.<study>.per_model` is a documented deviation: its runs count, and the column "
+        "setting names it.",
+        "",
+        md_table(CLAIM_HEADERS, cells),
+        "",
+        *(f"- {note}" for note in notes),
+        "",
+        cost.markdown(),
+        wus.markdown(),
+        *(f"![{what}](figures/{name})\n" for name, what in LEDGER_FIGURES.items()),
+    ]
+    return "\n".join(lines), [claims_table, cost, wus], figs

@@ -1,0 +1,188 @@
+"""The methods at equal cost: each configuration by its compute saved, grouped into budgets, the best at each budget
+named and its lead over the runner-up weighed seed by seed (or by its 95% interval)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from cheaptrain.aggregate import BASELINE, Run, config_key, describe, row_key
+from cheaptrain.report.cells import Column, Table, paper, saving_cell, stat
+
+COST_NOTE = (
+    "Each method at each of its budgets (its named configurations, `methods.<name>.method`), paired by seed with "
+    "the baseline. A budget holds the configurations whose compute saved lies within {within:g} points of the least "
+    "in it (params `aggregate.agree_within.cost_points`): they cost the same. Δ: accuracy minus the baseline's, in "
+    "points, ± the 95% t-interval over seeds (3+ seeds; (sd) with 2). Compute saved: 100·(1 − training FLOPs / the "
+    "baseline's), exact; time saved: {time}, the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). "
+    "The best at a budget has the highest Δ. Its lead over the runner-up is weighed seed by seed where the two share "
+    "3 or more seeds (the 95% t-interval of their accuracy differences: a finding when it excludes 0), else by "
+    "whether their 95% intervals overlap. The paper's figures stand beside the configuration of the paper's own "
+    "method and setting (its name, e.g. `dfp`); the papers publish time saved, not compute."
+)
+
+
+def implementation_of(runs: list[Run]) -> dict[tuple[str, ...], str]:
+    """Per configuration (config_key), the registered method its runs trained: a named configuration's run.json
+    holds it as config.method_args `method` (as cheaptrain.methods.implementation reads it, without torch)."""
+    return {config_key(r): (r.config.get("method_args") or {}).get("method", r.method) for r in runs}
+
+
+def panel(row: dict[str, Any]) -> tuple[str, ...]:
+    """The rows one comparison holds: one study, dataset, model and recipe."""
+    return row["study"], row["dataset"], row["model"], row.get("recipe", "")
+
+
+def cost_points(summary: list[dict[str, Any]], implementations: dict[tuple[str, ...], str]) -> list[dict[str, Any]]:
+    """The method rows with a compute saving and an accuracy Δ, each with its `implementation`; by panel, then by
+    compute saved."""
+    points = [
+        row | {"implementation": implementations.get(row_key(row), row["method"])}
+        for row in summary
+        if row["method"] != BASELINE and None not in (row.get("compute_saving_pct_mean"), row.get("acc_delta_mean"))
+    ]
+    return sorted(points, key=lambda r: (panel(r), r["compute_saving_pct_mean"], r["method"]))
+
+
+def budgets(points: list[dict[str, Any]], within: float) -> list[list[dict[str, Any]]]:
+    """cost_points grouped by equal cost: within a panel, each point joins the last budget while its compute saved is
+    within `within` points of that budget's least."""
+    groups: list[list[dict[str, Any]]] = []
+    for point in points:
+        last = groups[-1][0] if groups else None
+        saved = point["compute_saving_pct_mean"]
+        if last and panel(last) == panel(point) and saved - last["compute_saving_pct_mean"] <= within:
+            groups[-1].append(point)
+        else:
+            groups.append([point])
+    return [sorted(g, key=lambda r: -r["acc_delta_mean"]) for g in groups]  # best first
+
+
+def budget_label(group: list[dict[str, Any]]) -> str:
+    low, high = (f"{f(r['compute_saving_pct_mean'] for r in group):.1f}" for f in (min, max))
+    return f"{low}%" if low == high else f"{low}–{high}%"
+
+
+def acc_interval(row: dict[str, Any]) -> tuple[float, float] | None:
+    """The 95% t-interval of the accuracy Δ over seeds; None under 3 seeds."""
+    mean, ci = row["acc_delta_mean"], row.get("acc_delta_ci95")
+    return None if ci is None else (mean - ci, mean + ci)
+
+
+def point_text(row: dict[str, Any]) -> str:
+    """'dfp_p50 (dfp): Δ -0.40 [-0.60, -0.20] points at 21.3% compute saved'."""
+    name = row["method"] if row["method"] == row["implementation"] else f"{row['method']} ({row['implementation']})"
+    found = acc_interval(row)
+    shown = f"{row['acc_delta_mean']:+.2f}" + (f" [{found[0]:+.2f}, {found[1]:+.2f}]" if found else "")
+    return f"{name}: Δ {shown} points at {row['compute_saving_pct_mean']:.1f}% compute saved"
+
+
+def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tuple[str, ...], dict[int, float]]:
+    """Per configuration (config_key), each seed's accuracy by its row's measure: two configurations side by side."""
+    measures = {row_key(row): row["acc_measure"] for row in summary}
+    accuracies: dict[tuple[str, ...], dict[int, float]] = {}
+    for run in runs:
+        if (key := config_key(run)) in measures:
+            accuracies.setdefault(key, {})[run.seed] = run.metrics[measures[key]]
+    return accuracies
+
+
+def paired_lead(
+    first: dict[str, Any], second: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]
+) -> str | None:
+    """The lead of `first` over `second` seed by seed (their seeds in common, 3 or more) with its 95% t-interval and
+    what it says; None with fewer seeds in common."""
+    ours, theirs = accuracies.get(row_key(first), {}), accuracies.get(row_key(second), {})
+    seeds = sorted(ours.keys() & theirs.keys())
+    if len(seeds) < 3:
+        return None
+    mean, _, ci = describe([ours[s] - theirs[s] for s in seeds])
+    assert ci is not None  # 3 or more values
+    said = "it excludes 0: a finding"
+    if mean + ci < 0:
+        said = "the runner-up leads on the seeds they share"
+    elif mean - ci <= 0:
+        said = "it includes 0: not a finding"
+    return (
+        f"seed by seed ({len(seeds)} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
+    )
+
+
+def budget_verdict(
+    group: list[dict[str, Any]], accuracies: dict[tuple[str, ...], dict[int, float]] | None = None
+) -> str:
+    """Which configuration of a budget (best first) keeps the most accuracy, and whether its lead over the runner-up
+    is larger than its 95% interval: seed by seed where `accuracies` (seed_accuracies) pairs them, else whether
+    their intervals overlap."""
+    first = group[0]
+    where = f"{first['study'].upper()} {first['dataset']}/{first['model']}, compute saved {budget_label(group)}"
+    if len(group) == 1:
+        return f"{where}: {point_text(first)}, alone at this cost: nothing to compare with."
+    second = group[1]
+    lead = f"best {point_text(first)}; {first['acc_delta_mean'] - second['acc_delta_mean']:.2f} points ahead of "
+    ours, theirs = acc_interval(first), acc_interval(second)
+    if paired := paired_lead(first, second, accuracies or {}):
+        verdict = paired
+    elif ours is None or theirs is None:
+        verdict = "under 3 seeds: no 95% interval to weigh the lead against"
+    elif ours[0] > theirs[1]:
+        verdict = "the lead is larger than the 95% intervals (they do not overlap)"
+    else:
+        verdict = "the lead is within the 95% intervals (they overlap): not a finding"
+    return f"{where}: {lead}{point_text(second)}; {verdict}."
+
+
+class TimeSaved(NamedTuple):
+    """How a time figure of the cost table and figure is shown."""
+
+    header: str  # the table's column
+    axis: str  # the figure's x axis
+    against: str  # what it is measured against, for the table's note
+
+
+TIME_SAVED = {  # the cost table's time figure: against the baseline's run, or against the run's own full epochs
+    "time_saving_pct": TimeSaved("time saved % [95%]", "time saved (%, 95% interval)", "against the baseline's run"),
+    "own_time_saving_pct": TimeSaved(
+        "own time saved % [95%]",
+        "time saved vs own full epochs (%, 95% interval)",
+        "against the run's own full epochs (runs hours apart on a shared machine carry its drift between them; this "
+        "figure does not)",
+    ),
+}
+
+
+def cost_columns(time_figure: str) -> list[Column]:
+    """The columns of the cost table, its time saving `time_figure` (TIME_SAVED)."""
+    return [
+        ("dataset", lambda r: r["dataset"]),
+        ("model", lambda r: r["model"]),
+        ("budget: compute saved", lambda r: r["budget"]),
+        ("method", lambda r: r["method"]),
+        ("implements", lambda r: r["implementation"]),
+        ("seeds", lambda r: str(int(r["seeds"]))),
+        ("compute saved %", lambda r: stat(r, "compute_saving_pct", 1)),
+        (TIME_SAVED[time_figure].header, lambda r: saving_cell(r, time_figure)),
+        ("Δ vs baseline", lambda r: stat(r, "acc_delta", sign=True)),
+        ("paper time saved %", lambda r: paper(r, "paper_time_saving_pct")),
+        ("paper Δ", lambda r: paper(r, "paper_acc_delta", sign=True)),
+    ]
+
+
+def cost_table(
+    summary: list[dict[str, Any]],
+    implementations: dict[tuple[str, ...], str],
+    within: float,
+    time_figure: str = "time_saving_pct",
+    accuracies: dict[tuple[str, ...], dict[int, float]] | None = None,
+) -> Table:
+    """The table "accuracy against cost": every method configuration by budget, best first, and in its note one
+    verdict per budget (budget_verdict, seed by seed with `accuracies`); its time saving is `time_figure`
+    (TIME_SAVED)."""
+    groups = budgets(cost_points(summary, implementations), within)
+    columns = cost_columns(time_figure)
+    rows = [[f(r | {"budget": budget_label(g)}) for _, f in columns] for g in groups for r in g]
+    note = COST_NOTE.format(within=within, time=TIME_SAVED[time_figure].against)
+    if groups:
+        note += "\n\n" + "\n".join(f"- {budget_verdict(g, accuracies)}" for g in groups)
+    else:
+        note = f"No method with a compute saving and a paired baseline here yet. {note}"
+    return Table("accuracy_vs_cost", "Accuracy against cost", note, [h for h, _ in columns], rows)
