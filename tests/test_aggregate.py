@@ -515,6 +515,28 @@ def test_a_lead_is_weighed_seed_by_seed_where_the_two_configurations_share_three
     assert verdict([94.0, 94.0], [93.0, 93.0]) == "the lead is within the 95% intervals (they overlap): not a finding."
 
 
+def test_dfps_selection_is_weighed_against_its_random_control_seed_by_seed():
+    """The finding "DFP's selection against this random control" pairs the two by seed from 3 seeds in common: a gain
+    on every seed is a finding, one that changes sign is within noise; under 3 seeds, the difference of means."""
+    rows = [cost_row("dfp", 12.8, -0.4, 0.6), cost_row("random_prune", 12.8, -1.0, 0.6)]
+    key = {method: ("dfp", "cifar10", "resnet18", method, "") for method in ("dfp", "random_prune")}
+    agree = {"acc_points": 0.5, "saving_points": 3.0}
+
+    def said(dfp: list[float], random_prune: list[float]) -> str:
+        accuracies = {key["dfp"]: dict(enumerate(dfp)), key["random_prune"]: dict(enumerate(random_prune))}
+        line = findings(rows, agree, accuracies)[1]
+        return line.split("DFP's selection against this random control: ")[1]
+
+    assert said([94.6, 94.0, 95.2], [93.5, 94.2, 94.3]) == (
+        "+0.60 [-1.14, +2.34] points of accuracy seed by seed (3 seeds: within noise) at 12.8% vs 12.8% compute saved."
+    )
+    assert said([94.6, 94.0, 95.2, 94.4], [94.0, 93.5, 94.5, 93.8]).startswith(
+        "+0.60 [+0.47, +0.73] points of accuracy seed by seed (4 seeds: a finding)"
+    )
+    assert said([94.6, 94.0], [94.0, 93.4]) == "+0.60 points of accuracy at 12.8% vs 12.8% compute saved."
+    assert findings(rows, agree)[1].endswith(": +0.60 points of accuracy at 12.8% vs 12.8% compute saved.")
+
+
 def test_the_cost_figure_draws_one_line_per_method_through_its_budgets_and_the_papers_point_beside_time():
     compute_ax, time_ax = [a for a in cost_figure(COST_ROWS, IMPLEMENTS).axes if a.get_visible()]
     lines = {c.get_label(): c.lines[0].get_xydata().tolist() for c in compute_ax.containers}
@@ -573,7 +595,8 @@ def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
     report = (out / "report.md").read_text()
     assert "### DFP Table 1: training time" in report and "### WUS Table 3" in report
     assert "This is not the papers' setting" in report
-    assert "DFP's selection against this random control: +0.50 points" in report
+    random_control = "+0.50 [+0.50, +0.50] points of accuracy seed by seed (3 seeds: a finding)"  # 0.5 a seed
+    assert f"DFP's selection against this random control: {random_control}" in report
     assert "## Accuracy against cost" in report and "![Accuracy Δ against compute and time saved" in report
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["dfp"]["cifar10-lenet-dfp"]["acc_delta"] == pytest.approx(-0.3)

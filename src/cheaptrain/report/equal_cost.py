@@ -86,25 +86,35 @@ def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tupl
     return accuracies
 
 
-def paired_lead(
+def paired_difference(
     first: dict[str, Any], second: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]
-) -> str | None:
-    """The lead of `first` over `second` seed by seed (their seeds in common, 3 or more) with its 95% t-interval and
-    what it says; None with fewer seeds in common."""
+) -> tuple[int, float, float] | None:
+    """`first`'s accuracy minus `second`'s seed by seed (seed_accuracies), on their seeds in common: (seeds, mean, the
+    95% t-interval's half-width); None under 3 seeds in common. Both are paired with the baseline of the same seed,
+    so its noise cancels."""
     ours, theirs = accuracies.get(row_key(first), {}), accuracies.get(row_key(second), {})
     seeds = sorted(ours.keys() & theirs.keys())
     if len(seeds) < 3:
         return None
     mean, _, ci = describe([ours[s] - theirs[s] for s in seeds])
     assert ci is not None  # 3 or more values
+    return len(seeds), mean, ci
+
+
+def paired_lead(
+    first: dict[str, Any], second: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]
+) -> str | None:
+    """The lead of `first` over `second` seed by seed (paired_difference) with its 95% t-interval and what it says;
+    None under 3 seeds in common."""
+    if (paired := paired_difference(first, second, accuracies)) is None:
+        return None
+    seeds, mean, ci = paired
     said = "it excludes 0: a finding"
     if mean + ci < 0:
         said = "the runner-up leads on the seeds they share"
     elif mean - ci <= 0:
         said = "it includes 0: not a finding"
-    return (
-        f"seed by seed ({len(seeds)} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
-    )
+    return f"seed by seed ({seeds} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
 
 
 def budget_verdict(

@@ -106,7 +106,7 @@ def report_markdown(
         "it is noise, not a finding.",
         "",
     ]
-    lines += [f"- {line}" for line in findings(summary, agree)]
+    lines += [f"- {line}" for line in findings(summary, agree, seed_accuracies(summary, runs))]
     if all(r["method"] == BASELINE for r in summary):
         lines.append("- Only baselines in this grid: no method to compare with the papers yet.")
     lines += ["", "## Figures", ""]

@@ -20,6 +20,7 @@ from cheaptrain.report.cells import (
     stat,
     within_noise,
 )
+from cheaptrain.report.equal_cost import paired_difference
 
 ID: list[Column] = [
     ("dataset", lambda r: r["dataset"]),
@@ -161,8 +162,13 @@ def setting_differences(
     return out
 
 
-def findings(summary: list[dict[str, Any]], agree: dict[str, float]) -> list[str]:
-    """What matches the papers and what does not, one line per configuration, plus DFP against its random control."""
+def findings(
+    summary: list[dict[str, Any]],
+    agree: dict[str, float],
+    accuracies: dict[tuple[str, ...], dict[int, float]] | None = None,
+) -> list[str]:
+    """What matches the papers and what does not, one line per configuration, plus DFP against its random control:
+    seed by seed where `accuracies` (seed_accuracies) pairs 3 or more seeds of both, else the difference of means."""
     lines = []
     rows = {tuple(r[k] for k in KEY): r for r in summary}
     for row in summary:
@@ -191,11 +197,16 @@ def findings(summary: list[dict[str, Any]], agree: dict[str, float]) -> list[str
         parts = [p for p in parts if p]
         dfp = rows.get((row["study"], row["dataset"], row["model"], "dfp"), {})
         if row["method"] == "random_prune" and None not in (dfp.get("acc_delta_mean"), row.get("acc_delta_mean")):
-            gain = dfp["acc_delta_mean"] - row["acc_delta_mean"]
+            gain = f"{dfp['acc_delta_mean'] - row['acc_delta_mean']:+.2f} points of accuracy"
+            if paired := paired_difference(dfp, row, accuracies or {}):
+                seeds, mean, ci = paired
+                said = "within noise" if mean - ci <= 0 <= mean + ci else "a finding"
+                gain = f"{mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points of accuracy seed by seed ({seeds} "
+                gain += f"seeds: {said})"
             both = "compute_saving_pct_mean" in dfp and "compute_saving_pct_mean" in row  # else runs without FLOPs
             name, what = ("compute_saving_pct", "compute") if both else ("sample_saving_pct", "samples")
             parts.append(
-                f"DFP's selection against this random control: {gain:+.2f} points of accuracy at "
+                f"DFP's selection against this random control: {gain} at "
                 f"{fmt(dfp.get(f'{name}_mean'), 1)}% vs {fmt(row.get(f'{name}_mean'), 1)}% {what} saved"
             )
         lines.append(f"{where}: " + ("; ".join(parts) if parts else "no baseline to compare with") + ".")
