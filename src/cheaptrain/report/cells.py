@@ -58,7 +58,7 @@ def less_work(row: dict[str, Any]) -> bool:
 
 
 def within_noise(row: dict[str, Any], name: str, compared: float) -> bool:
-    """Whether the wall-clock saving `name` cannot be told from `compared` (module docstring)."""
+    """Whether the wall-clock saving `name` cannot be told from `compared` (the docstring of cheaptrain.report)."""
     mean, lo, hi = (row.get(f"{name}_{part}") for part in ("mean", "lo", "hi"))
     if row["method"] == BASELINE or mean is None:
         return False

@@ -1,5 +1,5 @@
 """The papers' tables (DFP 1-2, WUS 1-3) with our figures beside theirs, and the findings: per configuration, what
-matches the paper and what does not, time savings weighed against their noise (package docstring)."""
+matches the paper and what does not, time savings weighed against their noise (the docstring of cheaptrain.report)."""
 
 from __future__ import annotations
 
@@ -228,7 +228,7 @@ def compare(row: dict[str, Any], ours: str, theirs: str, what: str, tol: float, 
 
 def time_findings(row: dict[str, Any], tol: float) -> list[str]:
     """Compute saved, time saved against the baseline (beside the paper's figure) and against the run's own full
-    epochs, each time with its 95% interval and marked within noise where it is (module docstring)."""
+    epochs, each time with its 95% interval and marked within noise where it is (the docstring of cheaptrain.report)."""
     parts = []
     compute = row.get("compute_saving_pct_mean")
     if compute is not None:
@@ -260,7 +260,7 @@ def signed_interval(row: dict[str, Any], name: str) -> str:
 
 def time_kind(row: dict[str, Any], published: float, tol: float, name: str = "time_saving_pct") -> str:
     """Our time saved (`name`) against the paper's: 'above bound' (above the compute saved, its bound: noise),
-    'match' (within `tol` points), 'noise' (else within noise: module docstring) or 'mismatch'."""
+    'match' (within `tol` points), 'noise' (else within noise: cheaptrain.report) or 'mismatch'."""
     value, lo = row[f"{name}_mean"], row.get(f"{name}_lo", row[f"{name}_mean"])
     compute = row.get("compute_saving_pct_mean")
     if compute is not None and lo > compute + tol:
