@@ -272,6 +272,8 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
         (claim_row("vgg19", "dfp", everywhere, acc_delta=(-0.05, 0.1)), everywhere),  # does not count
         (claim_row("vgg11", "wus", study="wus", acc_delta=(-0.70, 0.2), own_time_saving_pct=(57.0, 56.0, 58.0),
                    compute_saving_pct=70.0, updated_params_reduction_pct=(73.0, 2.0)), None),  # all three within
+        (claim_row("alexnet", "wus", study="wus", own_time_saving_pct=(57.0, 56.0, 58.0),
+                   updated_params_reduction_pct=(73.0, 1.0)), None),  # no baseline: time and reduction alone judged
     ]  # fmt: skip
     summary = [row for row, _ in rows_runs]
     runs = [run_of(row, recipe) for row, recipe in rows_runs]
@@ -288,11 +290,19 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     assert verdicts["resnet18", "dfp", "accuracy Δ (points)"] == "not yet run"
     for claim in ("accuracy Δ (points)", TIME_CLAIM, "updated-parameter reduction %"):
         assert verdicts["vgg11", "wus", claim] == "within tolerance"
+    assert (
+        verdicts["alexnet", "wus", TIME_CLAIM]
+        == verdicts["alexnet", "wus", "updated-parameter reduction %"]
+        == ("within tolerance")
+    )
+    assert verdicts["alexnet", "wus", "accuracy Δ (points)"] == "not yet run"
+    alexnet = next(r for r in table.rows if r[2:5] == ["alexnet", "wus", "accuracy Δ (points)"])
+    assert alexnet[5] == "— (no baseline at this setting)" and alexnet[6] == "3"
     assert {r[12] for r in table.rows if r[1] == "cifar100"} == {"CIFAR-100 unavailable"}
     assert len(table.rows) == 68
     wrn10 = next(r for r in table.rows if r[2] == "wrn10" and r[4] == "accuracy Δ (points)")
     assert wrn10[11] == "lr 0.05 for wrn10 (recipes.dfp.per_model; paper: 0.1)"
-    assert "**11 of 68 published claims run, 7 within tolerance** (2 within noise, 2 outside tolerance, 33 not yet " \
+    assert "**13 of 68 published claims run, 9 within tolerance** (2 within noise, 2 outside tolerance, 31 not yet " \
            "run, 24 CIFAR-100 unavailable)." in text  # fmt: skip
     assert "Ledger runs not at the paper's setting, not counted: dfp cifar10/vgg19/dfp (lr 0.05 (paper: 0.1))" in text
 
