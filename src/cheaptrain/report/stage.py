@@ -47,9 +47,11 @@ def report_markdown(
     tables: list[Table],
     paper_scale_section: str,
     cost: Table,
+    accuracies: dict[tuple[str, ...], dict[int, float]],
 ) -> str:
     """results/report.md: readable on its own (the papers' scale; then the grid's setup, differences from the papers,
-    tables, findings, figures). `summary` and `runs`: the grid's configurations (grid_part)."""
+    tables, findings, figures). `summary` and `runs`: the grid's configurations (grid_part); `accuracies`: their
+    seeds' (seed_accuracies)."""
     measures = {r["study"]: r["acc_measure"] for r in summary}
     differences = setting_differences(runs, devices, published, measures)
     lines = [
@@ -106,7 +108,7 @@ def report_markdown(
         "it is noise, not a finding.",
         "",
     ]
-    lines += [f"- {line}" for line in findings(summary, agree, seed_accuracies(summary, runs))]
+    lines += [f"- {line}" for line in findings(summary, agree, accuracies)]
     if all(r["method"] == BASELINE for r in summary):
         lines.append("- Only baselines in this grid: no method to compare with the papers yet.")
     lines += ["", "## Figures", ""]
@@ -236,8 +238,10 @@ def write_results(
     rows, runs = grid_part(summary, all_runs)
     tables = paper_tables(rows)
     scale, scale_tables, scale_figures = paper_scale(summary, all_runs, published, agree)
-    cost = cost_table(rows, implementation_of(runs), agree["cost_points"], accuracies=seed_accuracies(rows, runs))
-    report = report_markdown(rows, runs, run_devices(runs), {k[:3] for k in published}, agree, tables, scale, cost)
+    accuracies = seed_accuracies(rows, runs)
+    cost = cost_table(rows, implementation_of(runs), agree["cost_points"], accuracies=accuracies)
+    networks = {k[:3] for k in published}
+    report = report_markdown(rows, runs, run_devices(runs), networks, agree, tables, scale, cost, accuracies)
     figs = figures(rows, runs) | scale_figures
     metrics = headline(summary)
     files: dict[str, str | bytes] = {
