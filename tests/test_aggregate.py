@@ -173,7 +173,18 @@ def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
     wus = [saving(3.0 + 0.01 * s, 1.0 + 0.01 * s, 6, 4) for s in seeds]  # 4 skip epochs, one fallback among them
     assert summary[("dfp", "cifar10", "lenet", "dfp")]["own_time_saving_pct_mean"] == pytest.approx(sum(dfp) / 3)
     assert summary[("wus", "cifar10", "lenet", "wus")]["own_time_saving_pct_mean"] == pytest.approx(sum(wus) / 3)
+    # where the time goes: a cheaper epoch's seconds and work, each as a share of a full epoch's
+    cheap = {m: summary[("dfp" if m == "dfp" else "wus", "cifar10", "lenet", m)] for m in ("dfp", "wus")}
+    assert cheap["dfp"]["cheap_work_share_mean"] == pytest.approx(0.9)  # 10% of the samples left out
+    assert cheap["dfp"]["cheap_time_share_mean"] == pytest.approx(
+        sum((2.7 + 0.01 * s) / (3 + 0.01 * s) for s in seeds) / 3
+    )
+    assert cheap["wus"]["cheap_work_share_mean"] == pytest.approx(1 / 3)  # the forward pass of a forward + backward
+    assert cheap["wus"]["cheap_time_share_mean"] == pytest.approx(
+        sum((1 + 0.01 * s) / (3 + 0.01 * s) for s in seeds) / 3
+    )
     baseline = summary[("dfp", "cifar10", "lenet", "baseline")]
+    assert "cheap_time_share_mean" not in baseline and "cheap_work_share_mean" not in baseline  # no cheaper epochs
     assert baseline["own_time_saving_pct_mean"] == 0  # exactly, however its epochs scatter
     assert baseline["first_epoch_s_mean"] == pytest.approx(3.01) and baseline["full_epoch_s_mean"] == pytest.approx(
         3.01

@@ -48,7 +48,7 @@ T975 = (
 STATS = (  # statistics with mean, sd and interval; the paired ones only on method rows
     "acc", "final_acc", "best3_acc", "train_time_s", "robust_train_time_s", "first_epoch_s", "full_epoch_s",
     "acc_delta", "compute_saving_pct", "time_saving_pct", "own_time_saving_pct", "sample_saving_pct",
-    "planned_saving_pct", "updated_params_reduction_pct",
+    "planned_saving_pct", "updated_params_reduction_pct", "cheap_time_share", "cheap_work_share",
 )  # fmt: skip
 INTERVALS = ("time_saving_pct", "own_time_saving_pct")  # wall-clock savings: 95% interval, `_lo` and `_hi`
 MEANS = ("overhead_s", "pruning_epochs", "pruned_samples_total", "skip_epochs", "normal_epochs", "wall_time_s")
@@ -243,6 +243,8 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             values["first_epoch_s"] = [t.first_epoch_s for t in timed]
             values["full_epoch_s"] = [t.full_epoch_s for t in timed]
             values["own_time_saving_pct"] = [t.own_saving_pct for t in timed]
+            values["cheap_time_share"] = [t.cheap_time_share for t in timed]
+            values["cheap_work_share"] = [t.cheap_work_share for t in timed]
             replicates["own_time_saving_pct"] = [t.own_saving_replicates for t in timed]
         partners = [baselines.get((*key[:3], key[4], r.seed)) for r in group]
         if method != BASELINE and all(partners):

@@ -21,6 +21,11 @@ and the time saved against the run's own full epochs (`own_time_saving_pct`), 10
 full kind's median epoch time)): both sides come from one run, so the drift of a machine between two runs does not
 enter it, and a run of full epochs only saves exactly 0. `full_epoch_s` is the full kind's median epoch time.
 
+Where the time goes: of the epochs after the first that do less than a full epoch's work (DFP's pruned epochs, WUS's
+skip epochs), `cheap_time_share` is their median seconds and `cheap_work_share` their median work, both as a share of
+a full epoch's. The two are equal where leaving work out saves its time exactly; a time share above the work share
+is a cost the work measure does not count (loading, pruning's bookkeeping, a pass that cannot go faster).
+
 Spread: each figure is recomputed from epochs resampled with replacement within each kind (all but epoch 1),
 `REPLICATES` times, seeded by the run's name (the same output on every call); the 2.5th and 97.5th percentiles are
 its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 3+ seeds the
@@ -53,6 +58,8 @@ class RunTime:
     own_saving_pct: float
     robust_time_replicates: list[float]
     own_saving_replicates: list[float]
+    cheap_time_share: float | None = None  # median seconds of the cheaper epochs, of the full epoch's median
+    cheap_work_share: float | None = None  # their median work, of a full epoch's
 
 
 def epoch_work(history: list[dict[str, float]]) -> tuple[list[float], str]:
@@ -101,6 +108,8 @@ def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
         return robust, 100 * (1 - robust / (len(history) * rate[FULL]))
 
     robust, own = figures({k: statistics.median(v) for k, v in rates.items()})
+    cheap = [i for i in range(1, len(history)) if kinds[i] != FULL and 0 < share[i] < 1]
+    full_s = statistics.median(rates[FULL])
     rng = random.Random(seed)
     replicates = [
         figures({k: statistics.median(rng.choices(v, k=len(v))) for k, v in rates.items()}) for _ in range(REPLICATES)
@@ -108,11 +117,13 @@ def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
     return RunTime(
         work_measure=measure,
         first_epoch_s=history[0]["epoch_train_s"],
-        full_epoch_s=statistics.median(rates[FULL]),
+        full_epoch_s=full_s,
         robust_time_s=robust,
         own_saving_pct=own,
         robust_time_replicates=[r for r, _ in replicates],
         own_saving_replicates=[o for _, o in replicates],
+        cheap_time_share=statistics.median(history[i]["epoch_train_s"] for i in cheap) / full_s if cheap else None,
+        cheap_work_share=statistics.median(share[i] for i in cheap) if cheap else None,
     )
 
 

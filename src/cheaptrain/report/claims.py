@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from cheaptrain.aggregate import BASELINE, KEY, PAPER_MEASURE, Run, config_key, row_key
 from cheaptrain.papers import paper_setting as paper_setting_of
-from cheaptrain.report.cells import MEASURE_LABEL, NOT_IN_PAPER, Table, fmt, md_table, stat
+from cheaptrain.report.cells import MEASURE_LABEL, NOT_IN_PAPER, Table, cheap_epoch_cell, fmt, md_table, stat
 from cheaptrain.report.equal_cost import cost_table, implementation_of, seed_accuracies
 from cheaptrain.report.figures import LEDGER_FIGURES, cost_figure, curve_figure, phases_figure
 from cheaptrain.report.tables import time_kind
@@ -151,7 +151,7 @@ def missing_figure(row: dict[str, Any], name: str) -> str:
 
 CLAIM_HEADERS = [
     "study", "dataset", "model", "method", "claim", "ours [95% interval]", "seeds", "device", "paper", "diff",
-    "compute saved % (bound)", "setting", "verdict",
+    "compute saved % (bound)", "cheaper epoch: time / work", "setting", "verdict",
 ]  # fmt: skip
 
 
@@ -160,12 +160,14 @@ def claim_cells(claim: Claim, found: tuple[dict[str, Any], list[str]] | None, ve
     row, notes = found or (None, [])
     digits, signed = claim.digits, claim.figure == "acc_delta"
     mean = row.get(f"{claim.figure}_mean") if row else None
-    compute = stat(row, "compute_saving_pct", 1) if row and claim.figure == "own_time_saving_pct" else ""
+    timed = row is not None and claim.figure == "own_time_saving_pct"
+    compute = stat(row, "compute_saving_pct", 1) if timed else ""
+    cheap = cheap_epoch_cell(row) if timed else ""
     return [
         claim.study, claim.dataset, claim.model, claim.method, claim.what, claim_figure(row, claim),
         str(int(row["seeds"])) if row else "—", (row.get("devices") or "—") if row else "—",
         fmt(claim.published, digits, signed), fmt(None if mean is None else mean - claim.published, digits, True),
-        compute, ("; ".join(notes) or "paper's") if row else "—", verdict,
+        compute, cheap, ("; ".join(notes) or "paper's") if row else "—", verdict,
     ]  # fmt: skip
 
 
@@ -241,7 +243,9 @@ def paper_scale(
         "compute saved is within noise too. Not yet run: no run at the paper's setting, or none of its baseline.",
         "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "
         "saves, so it bounds the time saving on any hardware; a paper's time saving above it cannot come from the "
-        "work the method leaves out alone.",
+        "work the method leaves out alone. Cheaper epoch: the later epochs that do less than a full epoch's work "
+        "(DFP's pruned, WUS's skip epochs), their median seconds and their median work (FLOPs), each as a share of "
+        "the run's full epoch's; the two are equal where leaving work out saves its time exactly.",
         *(f"{why}." for _, why in UNAVAILABLE.values()),
         JPEG_NOTE,
     ]

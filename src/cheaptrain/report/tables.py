@@ -14,6 +14,7 @@ from cheaptrain.report.cells import (
     NOT_IN_PAPER,
     Column,
     Table,
+    cheap_epoch_cell,
     fmt,
     paper,
     saving_cell,
@@ -31,7 +32,9 @@ ID: list[Column] = [
 TIME_NOTE = (
     "Times in seconds are this machine's, the paper's come from other hardware and 200 epochs: compare the savings, "
     "not the seconds. Train time: the sum of the epochs; 1st epoch: epoch 1 alone (one-off costs); full epoch: the "
-    "median of the later epochs that train everything. Compute saved = 100·(1 − training FLOPs / the baseline's), "
+    "median of the later epochs that train everything; cheaper epoch: the later epochs that do less work (DFP's "
+    "pruned, WUS's skip epochs), their median seconds and their median work, each as a share of a full epoch's "
+    "(equal where leaving work out saves its time exactly). Compute saved = 100·(1 − training FLOPs / the baseline's), "
     "paired by seed: what an ideal implementation saves on any hardware, the bound for the time saved. Time saved = "
     "100·(1 − robust time / the baseline's), paired by seed; own time saved: against the run's own full epochs (no "
     "drift between runs). The robust time weighs each kind of epoch by its median seconds per unit of work, so a few "
@@ -56,6 +59,7 @@ def time_columns(with_pruning: bool) -> list[Column]:
         ("train time s", lambda r: stat(r, "train_time_s", 1)),
         ("1st epoch s", lambda r: stat(r, "first_epoch_s", 2)),
         ("full epoch s", lambda r: stat(r, "full_epoch_s", 2)),
+        ("cheaper epoch: time / work", cheap_epoch_cell),
         ("paper s", lambda r: paper(r, "paper_train_time_s", 0)),
     ]
     if with_pruning:
@@ -247,6 +251,11 @@ def time_findings(row: dict[str, Any], tol: float) -> list[str]:
     if row.get("own_time_saving_pct_mean") is not None:
         shown = f"time saved vs its own full epochs {signed_interval(row, 'own_time_saving_pct')}"
         parts.append(f"{shown}: within noise" if within_noise(row, "own_time_saving_pct", 0.0) else shown)
+    if row.get("cheap_time_share_mean") is not None and row.get("cheap_work_share_mean") is not None:
+        parts.append(
+            f"a cheaper epoch takes {row['cheap_time_share_mean']:.2f} of a full epoch's time for "
+            f"{row['cheap_work_share_mean']:.2f} of its work"
+        )
     return parts
 
 
