@@ -36,9 +36,10 @@ def stat(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) ->
 
 
 def cheap_epoch_cell(row: dict[str, Any]) -> str:
-    """The cheaper epochs' median time and work as shares of a full epoch's, '0.31 / 0.33'; '—' without them."""
-    time, work = row.get("cheap_time_share_mean"), row.get("cheap_work_share_mean")
-    return "—" if time is None or work is None else f"{time:.2f} / {work:.2f}"
+    """The cheaper epochs' median time (with its spread over seeds, `stat`) and work as shares of a full epoch's,
+    '0.31 / 0.33'; '—' without them."""
+    work = row.get("cheap_work_share_mean")
+    return "—" if work is None else f"{stat(row, 'cheap_time_share')} / {work:.2f}"
 
 
 def paper(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -> str:
