@@ -31,7 +31,10 @@ Spread: each figure is recomputed from epochs resampled with replacement within 
 its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 3+ seeds the
 interval is widened to the t-interval over seeds where that is wider. The interval sees how epochs scatter within
 a run; it cannot see a machine that was slower during the whole of one run than of the other (the saving against
-the baseline, not the own saving, is exposed to that), nor the scatter of a kind that has a single epoch.
+the baseline, not the own saving, is exposed to that), nor the scatter of a kind that has a single epoch. Nor can it
+see drift within a run where the kinds keep apart in time: InfoBatch's full epochs are its last ones (annealing), so a
+machine that gets quieter late in the run lowers its full rate alone, and its own saving with it; the spread over
+seeds shows it.
 
 Compute saved is exact: 100·(1 − total_train_flops / the paired baseline's). It is what an ideal implementation
 saves on any hardware, so it bounds the time saved: a measured time saving far above it is noise, not a finding.
