@@ -1,0 +1,156 @@
+"""Replay a ledger entry's first epochs with this checkout's training code and compare them with the recorded ones.
+
+The ledger keeps entries trained by earlier versions of the training code (run.json: `code_version`, `git_commit`),
+and the report counts them beside newer ones. The version changes with any edit of a file the training imports, so
+it cannot say whether an edit changed results; a replay can. On a CPU with the entry's thread count, training is
+deterministic: code that trains the same reproduces the recorded epochs digit for digit (history.csv writes floats
+exactly). Every column that is not a time is compared: losses, accuracies, learning rate, samples, FLOPs, and a
+method's own counts and phases. By default the replay runs through the second epoch in which the method acted (DFP
+pruned, WUS skipped), so that its choices are compared too; a change that acts only later needs `--epochs`.
+Nothing is written: no checkpoint, no ledger entry, no MLflow run.
+
+    python -m cheaptrain.replay ledger/wus/cifar10-lenet-wus-s0 --epochs 3
+    python -m cheaptrain.replay --stale     # every entry trained by another code version than this checkout's
+
+It exits with status 1 when an epoch differs. A replay needs the entry's prepared data (`data/prepared/<dataset>`,
+the same digest) and, to be exact, its device type and thread count: on another it says so and still compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from cheaptrain import UserError, run_main
+from cheaptrain.config import Recipe, RunConfig
+from cheaptrain.data import load_split, prepared_digest
+from cheaptrain.ledger import Entry, entries, read_entry
+from cheaptrain.methods import create_method
+from cheaptrain.runner import run_code_version
+from cheaptrain.tracking import project_root
+from cheaptrain.trainer import prepare, run_epoch
+
+ACTS = ("pruned_samples", "phase")  # a method acted in an epoch where one is above 0: DFP pruned, WUS skipped
+
+
+def timing(column: str) -> bool:
+    """Seconds (`*_s`) and threads: the machine's, not the run's."""
+    return column.endswith("_s") or column == "threads"
+
+
+def default_epochs(history: list[dict[str, float]]) -> int:
+    """Through the second epoch in which the method acted (at least 2): its choices are replayed too."""
+    acting = [int(row["epoch"]) for row in history if any(row.get(c, 0) > 0 for c in ACTS)]
+    return max([2, *acting[:2]])
+
+
+@dataclass
+class Replay:
+    """What replaying an entry found: `difference` is None when every compared value matched."""
+
+    entry: Entry
+    epochs: int
+    code_now: str
+    caveats: list[str]
+    difference: str | None
+
+    def line(self) -> str:
+        recorded = self.entry.info.get("code_version")
+        code = "same code version" if recorded == self.code_now else f"code {recorded} -> {self.code_now}"
+        verdict = "identical" if self.difference is None else f"DIFFERS: {self.difference}"
+        caveats = "".join(f"; {c}" for c in self.caveats)
+        return f"{self.entry.study}/{self.entry.name} ({code}), epochs 1-{self.epochs}: {verdict}{caveats}"
+
+
+def entry_config(entry: Entry) -> RunConfig:
+    """The entry's resolved configuration, to train on this machine's CPU without checkpoints or a ledger."""
+    known = {f.name for f in fields(RunConfig)}, {f.name for f in fields(Recipe)}
+    config = {k: v for k, v in entry.info["config"].items() if k in known[0]}
+    recipe = {k: v for k, v in config.pop("recipe").items() if k in known[1]}
+    if unknown := sorted(entry.info["config"].keys() - known[0]) + sorted(
+        entry.info["config"]["recipe"].keys() - known[1]
+    ):
+        raise UserError(f"{entry.path}: run.json has settings this code does not know: {', '.join(unknown)}")
+    recipe["milestones"] = tuple(recipe.get("milestones", ()))
+    threads = entry.info.get("threads") or [1]
+    config |= {"device": "cpu", "threads": threads[0], "ledger": "ignore", "processes": 1}
+    return RunConfig(recipe=Recipe(**recipe), **config)
+
+
+def first_difference(recorded: list[dict[str, float]], replayed: list[dict[str, Any]]) -> str | None:
+    """The first epoch and column where the replayed history differs from the recorded one, in words."""
+    for old, new in zip(recorded, replayed, strict=False):
+        for column in old.keys() | new.keys():
+            if timing(column):
+                continue
+            if column not in old or column not in new:
+                return (
+                    f"epoch {int(old['epoch'])}: column {column} only in the {'replay' if column in new else 'entry'}"
+                )
+            if float(new[column]) != old[column]:
+                return f"epoch {int(old['epoch'])}, {column}: recorded {old[column]!r}, now {float(new[column])!r}"
+    return None
+
+
+def replay(entry: Entry, epochs: int | None = None) -> Replay:
+    """Train the entry's first `epochs` epochs (default_epochs) with this checkout's code and compare them with its
+    history."""
+    cfg = entry_config(entry)
+    data_dir = project_root() / cfg.data_dir
+    if not (data_dir / "manifest.json").is_file():
+        raise UserError(f"{entry.path}: no prepared {cfg.dataset} in {data_dir}: run `dvc repro download` first")
+    caveats = []
+    if (digest := prepared_digest(data_dir)) != entry.info.get("data_digest"):
+        raise UserError(
+            f"{entry.path}: trained on prepared data {entry.info.get('data_digest')}, {data_dir} holds {digest}"
+        )
+    if not str(entry.info.get("device", "cpu")).startswith("cpu"):
+        caveats.append(f"recorded on {entry.info.get('device')}, replayed on this CPU: not expected to be exact")
+    if len(threads := entry.info.get("threads") or []) > 1:
+        caveats.append(f"recorded on {threads} threads, replayed on {threads[0]}")
+    epochs = min(epochs or default_epochs(entry.history), len(entry.history))
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(int(cfg.threads))
+    try:
+        t = prepare(cfg, load_split(data_dir, "train"), load_split(data_dir, "test"), create_method(cfg.method,
+                    cfg.method_args))  # fmt: skip
+        history = [run_epoch(t, epoch) for epoch in range(1, epochs + 1)]
+    finally:
+        torch.set_num_threads(previous_threads)
+    difference = first_difference(entry.history[:epochs], history)
+    return Replay(entry, epochs, run_code_version(cfg), caveats, difference)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("entries", nargs="*", type=Path, help="ledger entry folders, e.g. ledger/dfp/cifar10-...-s0")
+    parser.add_argument("--stale", action="store_true", help="every entry trained by another code version")
+    parser.add_argument("--epochs", type=int, help="how many of the first epochs to replay (default: through the "
+                        "second epoch in which the method acted, at least 2)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        parser.error("--epochs must be at least 1")
+    if bool(args.entries) == args.stale:
+        parser.error("name entry folders or pass --stale, not both, not neither")
+    chosen = [read_entry(path) for path in args.entries]
+    if args.stale:
+        chosen = [e for e in entries() if e.info.get("code_version") != run_code_version(entry_config(e))]
+        print(f"{len(chosen)} entries trained by another code version than this checkout's", file=sys.stderr)
+    results = []
+    for entry in tqdm(chosen, desc="replaying", unit="entry", disable=None if len(chosen) > 1 else True):
+        results.append(replay(entry, args.epochs))
+        tqdm.write(results[-1].line())
+    differ = [r for r in results if r.difference is not None]
+    print(f"{len(results) - len(differ)} of {len(results)} entries replayed identically with this checkout's code")
+    if differ:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_main(main)

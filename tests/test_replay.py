@@ -1,0 +1,111 @@
+"""Replaying a ledger entry: the code that trained it reproduces its epochs exactly; changed training code, other
+data or another code version are found and named."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cheaptrain import UserError, ledger, replay
+from cheaptrain.papers import PAPERS
+from cheaptrain.prepare import write_prepared
+from cheaptrain.runner import train_run
+
+from conftest import small_config, synthetic_split
+
+SMALL_PAPER = {"epochs": 2, "batch_size": 32, "lr": 0.05, "milestones": [2], "gamma": 0.1}  # small_config's
+# random pruning of 30% in epoch 1 (1 mod 2 >= 1), none in epoch 2
+PRUNE_FIRST = {"window": 2, "starting_point": 1, "block": 1, "count": 1, "prune_num": 0.3, "attenuation": 1.0}
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch) -> Path:
+    """A folder with tiny prepared data, the DFP paper's setting made small, and two entries trained into its ledger
+    (baseline and random pruning, one thread, without MLflow)."""
+    monkeypatch.setitem(PAPERS["dfp"], "recipe", PAPERS["dfp"]["recipe"] | SMALL_PAPER)
+    for var in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "CHEAPTRAIN_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    write_prepared_data(tmp_path, seed=1)
+    threads = torch.get_num_threads()
+    for method, args in (("baseline", {}), ("random_prune", PRUNE_FIRST)):
+        cfg = small_config(epochs=2, study="dfp", method=method)
+        train_run(dataclasses.replace(cfg, method_args=args, ledger="record", threads=1), track=False)
+    torch.set_num_threads(threads)
+    return tmp_path
+
+
+def write_prepared_data(root: Path, seed: int) -> None:
+    train, test = synthetic_split(128, seed=seed), synthetic_split(64, seed=seed + 1)
+    splits = {"train": (train.images, train.labels), "test": (test.images, test.labels)}
+    write_prepared(root / "data/prepared/cifar10", splits, train.classes, {"source": "synthetic"})
+
+
+def entry(repo: Path, method: str) -> Path:
+    return repo / f"ledger/dfp/cifar10-lenet-{method}-s7"
+
+
+def test_an_entry_replays_identically_with_the_code_that_trained_it(repo, capsys):
+    pruning = ledger.read_entry(entry(repo, "random_prune"))
+    assert [row["pruned_samples"] for row in pruning.history] == [38, 0]  # the method acted: compared too
+    replay.main([str(entry(repo, "baseline")), str(entry(repo, "random_prune"))])
+    out = capsys.readouterr().out
+    assert "dfp/cifar10-lenet-random_prune-s7 (same code version), epochs 1-2: identical" in out
+    assert "2 of 2 entries replayed identically with this checkout's code" in out
+    assert not (repo / "checkpoints").exists() or not any((repo / "checkpoints").rglob("*.pt"))  # nothing written
+    assert sorted(p.name for p in (repo / "ledger/dfp").iterdir()) == [
+        "cifar10-lenet-baseline-s7",
+        "cifar10-lenet-random_prune-s7",
+    ]
+
+
+def test_changed_training_code_is_found_and_named(repo, monkeypatch, capsys):
+    """Label smoothing slipped into the loss: the replay names the first epoch and column that differ, exits 1."""
+    cross_entropy = torch.nn.functional.cross_entropy
+    monkeypatch.setattr(
+        "cheaptrain.trainer.F.cross_entropy", lambda *a, **k: cross_entropy(*a, **k, label_smoothing=0.1)
+    )
+    with pytest.raises(SystemExit) as stop:
+        replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
+    assert stop.value.code == 1
+    out = capsys.readouterr().out
+    assert (
+        "dfp/cifar10-lenet-baseline-s7 (same code version), epochs 1-1: DIFFERS: epoch 1, train_loss: recorded" in out
+    )
+    assert "0 of 1 entries replayed identically" in out
+
+
+def test_stale_replays_only_the_entries_of_another_code_version(repo, capsys):
+    run_json = entry(repo, "baseline") / "run.json"
+    info = json.loads(run_json.read_text())
+    run_json.write_text(json.dumps(info | {"code_version": "0123456789abcdef"}))  # as an older checkout wrote it
+    replay.main(["--stale"])
+    captured = capsys.readouterr()
+    assert "1 entries trained by another code version than this checkout's" in captured.err
+    assert f"dfp/cifar10-lenet-baseline-s7 (code 0123456789abcdef -> {info['code_version']}), epochs 1-2: " \
+           "identical" in captured.out  # fmt: skip
+    assert "random_prune" not in captured.out
+
+
+def test_other_data_is_refused_before_any_training(repo):
+    write_prepared_data(repo, seed=5)
+    with pytest.raises(UserError, match=r"trained on prepared data \w+, .*data/prepared/cifar10 holds \w+"):
+        replay.replay(ledger.read_entry(entry(repo, "baseline")))
+
+
+def test_the_replay_runs_through_the_second_epoch_in_which_the_method_acted():
+    def rows(column: str, acting: set[int]) -> list[dict[str, float]]:
+        return [{"epoch": e, column: float(e in acting)} for e in range(1, 60)]
+
+    assert replay.default_epochs(rows("phase", {38, 39, 40})) == 39  # WUS: its first skip epochs
+    assert replay.default_epochs(rows("pruned_samples", {16, 18, 28})) == 18  # DFP: its first pruning epochs
+    assert replay.default_epochs(rows("loss", set())) == 2  # a baseline: 2 epochs
+    recorded = [{"epoch": 1, "train_loss": 1.5, "threads": 1, "epoch_train_s": 3.0, "selection_s": 0.1}]
+    now = [{"epoch": 1, "train_loss": 1.5, "threads": 2, "epoch_train_s": 9.0, "selection_s": 0.5}]
+    assert replay.first_difference(recorded, now) is None  # seconds and threads are the machine's
+    now[0]["train_loss"] = 1.5000001
+    assert replay.first_difference(recorded, now) == "epoch 1, train_loss: recorded 1.5, now 1.5000001"
