@@ -109,3 +109,12 @@ def test_the_replay_runs_through_the_second_epoch_in_which_the_method_acted():
     assert replay.first_difference(recorded, now) is None  # seconds and threads are the machine's
     now[0]["train_loss"] = 1.5000001
     assert replay.first_difference(recorded, now) == "epoch 1, train_loss: recorded 1.5, now 1.5000001"
+
+
+def test_an_entry_with_settings_this_code_lacks_is_a_clear_error(repo):
+    run_json = entry(repo, "baseline") / "run.json"
+    info = json.loads(run_json.read_text())
+    info["config"]["recipe"]["warmup"] = 5  # a recipe setting of a later checkout
+    run_json.write_text(json.dumps(info))
+    with pytest.raises(UserError, match=r"run\.json has settings this code does not know: recipe\.warmup$"):
+        replay.replay(ledger.read_entry(entry(repo, "baseline")))

@@ -70,13 +70,12 @@ class Replay:
 
 def entry_config(entry: Entry) -> RunConfig:
     """The entry's resolved configuration, to train on this machine's CPU without checkpoints or a ledger."""
-    known = {f.name for f in fields(RunConfig)}, {f.name for f in fields(Recipe)}
-    config = {k: v for k, v in entry.info["config"].items() if k in known[0]}
-    recipe = {k: v for k, v in config.pop("recipe").items() if k in known[1]}
-    if unknown := sorted(entry.info["config"].keys() - known[0]) + sorted(
-        entry.info["config"]["recipe"].keys() - known[1]
-    ):
+    config, recipe = dict(entry.info["config"]), dict(entry.info["config"]["recipe"])
+    unknown = sorted(config.keys() - {f.name for f in fields(RunConfig)})
+    unknown += sorted(f"recipe.{k}" for k in recipe.keys() - {f.name for f in fields(Recipe)})
+    if unknown:
         raise UserError(f"{entry.path}: run.json has settings this code does not know: {', '.join(unknown)}")
+    del config["recipe"]
     recipe["milestones"] = tuple(recipe.get("milestones", ()))
     threads = entry.info.get("threads") or [1]
     config |= {"device": "cpu", "threads": threads[0], "ledger": "ignore", "processes": 1}
@@ -118,8 +117,8 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.threads))
     try:
-        t = prepare(cfg, load_split(data_dir, "train"), load_split(data_dir, "test"), create_method(cfg.method,
-                    cfg.method_args))  # fmt: skip
+        method = create_method(cfg.method, cfg.method_args)
+        t = prepare(cfg, load_split(data_dir, "train"), load_split(data_dir, "test"), method)
         history = [run_epoch(t, epoch) for epoch in range(1, epochs + 1)]
     finally:
         torch.set_num_threads(previous_threads)
