@@ -85,7 +85,7 @@ def entry_config(entry: Entry) -> RunConfig:
 def first_difference(recorded: list[dict[str, float]], replayed: list[dict[str, Any]]) -> str | None:
     """The first epoch and column where the replayed history differs from the recorded one, in words."""
     for old, new in zip(recorded, replayed, strict=False):
-        for column in old.keys() | new.keys():
+        for column in [*old, *(c for c in new if c not in old)]:  # the entry's order: the first is reported
             if timing(column):
                 continue
             if column not in old or column not in new:
