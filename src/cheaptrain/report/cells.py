@@ -35,6 +35,13 @@ def stat(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) ->
     return text
 
 
+CHEAP_EPOCH_NOTE = (
+    "Cheaper epoch: the later epochs that do less than a full epoch's work (DFP's pruned, WUS's skip epochs), their "
+    "median seconds and their median work (FLOPs), each as a share of the run's full epoch's; the two are equal where "
+    "leaving work out saves its time exactly."
+)
+
+
 def cheap_epoch_cell(row: dict[str, Any]) -> str:
     """The cheaper epochs' median time (with its spread over seeds, `stat`) and work as shares of a full epoch's,
     '0.31 / 0.33'; '—' without them."""

@@ -11,7 +11,16 @@ from matplotlib.figure import Figure
 
 from cheaptrain.aggregate import BASELINE, KEY, PAPER_MEASURE, Run, config_key, row_key
 from cheaptrain.papers import paper_setting as paper_setting_of
-from cheaptrain.report.cells import MEASURE_LABEL, NOT_IN_PAPER, Table, cheap_epoch_cell, fmt, md_table, stat
+from cheaptrain.report.cells import (
+    CHEAP_EPOCH_NOTE,
+    MEASURE_LABEL,
+    NOT_IN_PAPER,
+    Table,
+    cheap_epoch_cell,
+    fmt,
+    md_table,
+    stat,
+)
 from cheaptrain.report.equal_cost import cost_table, implementation_of, seed_accuracies
 from cheaptrain.report.figures import LEDGER_FIGURES, cost_figure, curve_figure, phases_figure
 from cheaptrain.report.tables import time_kind
@@ -243,9 +252,8 @@ def paper_scale(
         "compute saved is within noise too. Not yet run: no run at the paper's setting, or none of its baseline.",
         "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "
         "saves, so it bounds the time saving on any hardware; a paper's time saving above it cannot come from the "
-        "work the method leaves out alone. Cheaper epoch: the later epochs that do less than a full epoch's work "
-        "(DFP's pruned, WUS's skip epochs), their median seconds and their median work (FLOPs), each as a share of "
-        "the run's full epoch's; the two are equal where leaving work out saves its time exactly.",
+        "work the method leaves out alone.",
+        CHEAP_EPOCH_NOTE,
         *(f"{why}." for _, why in UNAVAILABLE.values()),
         JPEG_NOTE,
     ]

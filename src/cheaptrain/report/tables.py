@@ -9,6 +9,7 @@ from typing import Any
 from cheaptrain.aggregate import BASELINE, KEY, PAPER_MEASURE, Run
 from cheaptrain.papers import PAPERS
 from cheaptrain.report.cells import (
+    CHEAP_EPOCH_NOTE,
     MEASURE_LABEL,
     MEASURE_SHORT,
     NOT_IN_PAPER,
@@ -32,14 +33,12 @@ ID: list[Column] = [
 TIME_NOTE = (
     "Times in seconds are this machine's, the paper's come from other hardware and 200 epochs: compare the savings, "
     "not the seconds. Train time: the sum of the epochs; 1st epoch: epoch 1 alone (one-off costs); full epoch: the "
-    "median of the later epochs that train everything; cheaper epoch: the later epochs that do less work (DFP's "
-    "pruned, WUS's skip epochs), their median seconds and their median work, each as a share of a full epoch's "
-    "(equal where leaving work out saves its time exactly). Compute saved = 100·(1 − training FLOPs / the baseline's), "
+    "median of the later epochs that train everything. Compute saved = 100·(1 − training FLOPs / the baseline's), "
     "paired by seed: what an ideal implementation saves on any hardware, the bound for the time saved. Time saved = "
     "100·(1 − robust time / the baseline's), paired by seed; own time saved: against the run's own full epochs (no "
     "drift between runs). The robust time weighs each kind of epoch by its median seconds per unit of work, so a few "
     "slow epochs do not move it (`src/cheaptrain/timing.py`); [lo, hi] is the 95% interval; within noise: the "
-    "interval contains 0, or the method lost time while doing less work. "
+    "interval contains 0, or the method lost time while doing less work. " + CHEAP_EPOCH_NOTE + " "
 )
 
 
