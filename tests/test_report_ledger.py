@@ -344,3 +344,64 @@ def test_the_papers_scale_compares_its_methods_at_equal_cost_on_their_own_full_e
         "dfp (1 seed)",
         "random_prune (1 seed)",
     }
+
+
+def test_the_claims_figure_draws_each_claim_that_ran_against_the_paper_with_its_verdict():
+    """ledger_claims.png: a panel per kind of claim, a line per claim that ran (not the ones not yet run), ours at
+    its interval (±1 sd with 2 seeds) in its verdict's color, the paper's figure inside its tolerance band."""
+    from matplotlib.colors import to_hex
+
+    from cheaptrain.aggregate import load_published
+    from cheaptrain.report.claims import CLAIMS_FIGURE
+
+    two_seeds = claim_row(
+        "alexnet", "wus", study="wus", own_time_saving_pct=(48.0, 47.4, 48.7), updated_params_reduction_pct=70.5
+    ) | {"seeds": 2, "updated_params_reduction_pct_std": 0.7}
+    rows_runs = [
+        (claim_row("lenet", "dfp", acc_delta=(-0.81, 1.08), own_time_saving_pct=(13.0, 12.2, 13.9),
+                   compute_saving_pct=12.7), None),
+        (two_seeds, None),
+    ]  # fmt: skip
+    summary = [row for row, _ in rows_runs]
+    text, _, figures = paper_scale(summary, [run_of(row) for row, _ in rows_runs], load_published(PUBLISHED), AGREE)
+    assert f"(figures/{CLAIMS_FIGURE})" in text and text.count(CLAIMS_FIGURE) == 1
+    axes = [ax for ax in figures[CLAIMS_FIGURE].axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["accuracy Δ (points)", TIME_CLAIM, "updated-parameter reduction %"]
+    labels = [[t.get_text() for t in ax.get_yticklabels()] for ax in axes]
+    bottom_up = [
+        ["cifar10 · lenet · dfp"],
+        ["cifar10 · alexnet · wus", "cifar10 · lenet · dfp"],
+        ["cifar10 · alexnet · wus"],
+    ]
+    assert labels == bottom_up  # y counts from the bottom: the table's first claim is on top
+
+    def drawn(ax, y: int) -> dict[str, tuple]:
+        """Per color, the x extent of what is drawn at row y."""
+        extents = {}
+        for line in ax.get_lines():
+            xs, ys = line.get_xdata(), line.get_ydata()
+            if len(ys) and all(v == y for v in ys):
+                extents.setdefault(to_hex(line.get_color()), []).extend(float(x) for x in xs)
+        for bars in ax.collections:  # the errorbars' horizontal lines
+            for segment in bars.get_segments():
+                if all(v == y for v in segment[:, 1]):
+                    extents.setdefault(to_hex(bars.get_color()[0]), []).extend(segment[:, 0].tolist())
+        return {color: (min(xs), max(xs)) for color, xs in extents.items()}
+
+    green, red, grey = to_hex("tab:green"), to_hex("tab:red"), to_hex("0.85")
+    accuracy, time, reduction = (drawn(ax, 0) for ax in axes)
+    assert accuracy[green] == pytest.approx((-0.81 - 1.08, -0.81 + 1.08))  # within 0.5 of -0.43: green
+    assert accuracy[grey] == pytest.approx((-0.43 - 0.5, -0.43 + 0.5))
+    assert time[red] == pytest.approx((47.4, 48.7))  # bottom row: alexnet, 10.5 points below the paper's 58.5
+    assert time[grey] == pytest.approx((58.5 - 3, 58.5 + 3))
+    assert reduction[red] == pytest.approx((69.8, 71.2))  # 2 seeds: ±1 sd; 74 - 70.5 > 3: outside
+    assert drawn(axes[1], 1)[green] == pytest.approx((12.2, 13.9))
+
+
+def test_the_claims_figure_says_so_when_no_claim_has_run():
+    from cheaptrain.aggregate import load_published
+    from cheaptrain.report.claims import CLAIMS_FIGURE
+
+    _, _, figures = paper_scale([], [], load_published(PUBLISHED), AGREE)
+    (ax,) = [ax for ax in figures[CLAIMS_FIGURE].axes if ax.get_visible()]
+    assert [t.get_text() for t in ax.texts] == ["No published claim has been run at the paper's setting yet."]

@@ -22,7 +22,7 @@ from cheaptrain.report.cells import (
     stat,
 )
 from cheaptrain.report.equal_cost import cost_table, implementation_of, seed_accuracies
-from cheaptrain.report.figures import LEDGER_FIGURES, cost_figure, curve_figure, phases_figure
+from cheaptrain.report.figures import LEDGER_FIGURES, claims_figure, cost_figure, curve_figure, phases_figure
 from cheaptrain.report.tables import time_kind
 
 CLAIMS = {  # a published metric of a method: (our statistic, what it is, digits)
@@ -34,6 +34,8 @@ CLAIMS = {  # a published metric of a method: (our statistic, what it is, digits
     "updated_params_reduction": ("updated_params_reduction_pct", "updated-parameter reduction %", 1),  # WUS Table 3
 }
 WITHIN, OUTSIDE, NOISE, NOT_RUN = "within tolerance", "outside tolerance", "within noise", "not yet run"
+CLAIMS_FIGURE = "ledger_claims.png"
+VERDICT_COLORS = {WITHIN: "tab:green", OUTSIDE: "tab:red", NOISE: "tab:orange"}
 UNAVAILABLE = {  # datasets these machines cannot obtain: (verdict, why)
     "cifar100": (
         "CIFAR-100 unavailable",
@@ -133,21 +135,45 @@ def claim_verdict(claim: Claim, row: dict[str, Any] | None, agree: dict[str, flo
     return WITHIN if abs(value - claim.published) <= max(tol, row.get(f"{claim.figure}_ci95") or 0) else OUTSIDE
 
 
+def interval(row: dict[str, Any], name: str) -> tuple[float, float, float] | None:
+    """The figure's 95% interval (its own, or the t-interval over 3+ seeds) as (mean, lo, hi); None without one."""
+    mean = row.get(f"{name}_mean")
+    if mean is None:
+        return None
+    if row.get(f"{name}_lo") is not None:
+        return mean, row[f"{name}_lo"], row[f"{name}_hi"]
+    if row.get(f"{name}_ci95") is not None:
+        return mean, mean - row[f"{name}_ci95"], mean + row[f"{name}_ci95"]
+    return None
+
+
 def claim_figure(row: dict[str, Any] | None, claim: Claim) -> str:
     """Our figure: 'mean [lo, hi]' with its 95% interval; stat() under 3 seeds; why it is missing."""
     if row is None:
         return "—"
     name, digits = claim.figure, claim.digits
-    mean = row.get(f"{name}_mean")
-    if mean is None:
+    if row.get(f"{name}_mean") is None:
         return f"— ({missing_figure(row, name)})"
-    if row.get(f"{name}_lo") is not None:
-        lo, hi = row[f"{name}_lo"], row[f"{name}_hi"]
-    elif row.get(f"{name}_ci95") is not None:
-        lo, hi = mean - row[f"{name}_ci95"], mean + row[f"{name}_ci95"]
-    else:
+    if (bounds := interval(row, name)) is None:
         return stat(row, name, digits, sign=True)
+    mean, lo, hi = bounds
     return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str, float]) -> dict[str, Any]:
+    """A claim that ran, as claims_figure draws it: ours with its 95% interval (±1 sd with 2 seeds), the paper's
+    figure and the tolerance of the verdict."""
+    name = claim.figure
+    mean = row[f"{name}_mean"]
+    bounds = interval(row, name)
+    if bounds is None and row.get(f"{name}_std") is not None:
+        bounds = (mean, mean - row[f"{name}_std"], mean + row[f"{name}_std"])
+    _, lo, hi = bounds or (mean, None, None)
+    return {
+        "panel": claim.what, "label": f"{claim.dataset} · {claim.model} · {claim.method}", "ours": mean, "lo": lo,
+        "hi": hi, "paper": claim.published, "verdict": verdict, "color": VERDICT_COLORS[verdict],
+        "tolerance": agree["acc_points"] if name == "acc_delta" else agree["saving_points"],
+    }  # fmt: skip
 
 
 def missing_figure(row: dict[str, Any], name: str) -> str:
@@ -284,6 +310,11 @@ def paper_scale(
         title="Accuracy against cost at the papers' setting",
     )
     where = "At the papers' setting"
+    ran_points = [
+        claim_point(c, found[0], v, agree)
+        for (c, found), v in zip(judged, verdicts, strict=True)
+        if found and v in VERDICT_COLORS
+    ]
     figs = {
         "ledger_test_acc.png": curve_figure(
             at_scale_runs, "epoch", "epoch", f"{where}: test accuracy per epoch (mean over seeds, ±1 sd)"
@@ -292,6 +323,9 @@ def paper_scale(
             at_scale, implements, "own_time_saving_pct", f"{where}: accuracy against cost (95% intervals)"
         ),
         "ledger_wus_phases.png": phases_figure(at_scale_runs, f"{where}: WUS phases (skip epochs shaded)"),
+        CLAIMS_FIGURE: claims_figure(
+            ran_points, f"{where}: every published claim run so far, ours against the paper's"
+        ),
     }
     lines = [
         "## Reproduced at the papers' scale",
@@ -308,8 +342,10 @@ def paper_scale(
         "",
         *(f"- {note}" for note in notes),
         "",
+        f"![{LEDGER_FIGURES[CLAIMS_FIGURE]}](figures/{CLAIMS_FIGURE})",  # the table above, at a glance
+        "",
         cost.markdown(),
         wus.markdown(),
-        *(f"![{what}](figures/{name})\n" for name, what in LEDGER_FIGURES.items()),
+        *(f"![{what}](figures/{name})\n" for name, what in LEDGER_FIGURES.items() if name != CLAIMS_FIGURE),
     ]
     return "\n".join(lines), [claims_table, cost, wus], figs

@@ -25,6 +25,7 @@ LEDGER_FIGURES = {  # the runs at the papers' setting (grid or ledger): file -> 
     "ledger_test_acc.png": "Test accuracy per epoch at the papers' setting",
     "ledger_acc_vs_cost.png": "Accuracy Δ against compute saved and time saved at the papers' setting",
     "ledger_wus_phases.png": "WUS phases over the papers' 200 epochs",
+    "ledger_claims.png": "Every published claim run so far: ours against the paper's, with the tolerance",
 }
 
 
@@ -284,6 +285,34 @@ def cost_figure(
             ax.set(title=f"{key[0]} study · {key[1]} · {key[2]}", xlabel=xlabel, ylabel="accuracy Δ (points)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
+    return fig
+
+
+def claims_figure(points: list[dict[str, Any]], title: str) -> Figure:
+    """One panel per kind of claim, one line per claim that ran: the paper's figure (star) inside its tolerance band
+    (grey), ours (dot, colored by its verdict) with its interval. A point: panel, label, ours, lo, hi (None: no
+    interval), paper, tolerance, verdict, color."""
+    if not points:
+        return _empty(title, "No published claim has been run at the paper's setting yet.")
+    panels = list(dict.fromkeys(p["panel"] for p in points))
+    height = max(len([p for p in points if p["panel"] == name]) for name in panels)
+    fig, axes = _panels(len(panels), title, width=5.6, height=1.2 + 0.45 * height, cols=min(3, len(panels)))
+    for ax, name in zip(axes, panels, strict=False):
+        shown = [p for p in points if p["panel"] == name][::-1]  # the table's first claim on top
+        for y, p in enumerate(shown):
+            band = (p["paper"] - p["tolerance"], p["paper"] + p["tolerance"])
+            ax.plot(band, (y, y), color="0.85", lw=9, solid_capstyle="butt", label="paper ± tolerance")
+            ax.plot(p["paper"], y, marker="*", ms=12, mfc="white", mec="0.2", ls="none", label="paper")
+            xerr = None if p["lo"] is None else [[p["ours"] - p["lo"]], [p["hi"] - p["ours"]]]
+            ax.errorbar(p["ours"], y, xerr=xerr, marker="o", ms=6, color=p["color"], capsize=3, lw=1.6,
+                        label=p["verdict"])  # fmt: skip
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles, strict=True))  # one entry per label
+        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="best")
+        ax.set_yticks(range(len(shown)), [p["label"] for p in shown], fontsize=9)
+        ax.set_ylim(-0.7, len(shown) - 0.3)
+        ax.set(title=name, xlabel="ours (95% interval; ±1 sd with 2 seeds) and the paper's")
+        ax.grid(alpha=0.3, axis="x")
     return fig
 
 
