@@ -9,6 +9,7 @@ import fcntl
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -332,6 +333,36 @@ def test_a_crash_between_checkpoint_and_store_logs_the_missing_epoch_on_resume(w
     run = only_run(store_of(workdir))
     assert run.info.status == "FINISHED" and run.data.tags["resumed_after_epochs"] == "3"
     assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
+def test_a_run_without_a_terminal_logs_a_line_per_epoch_and_its_resume_goes_on_from_there(workdir, monkeypatch, capsys):
+    """In a log file (nohup, dvc exp run --temp) no progress bar shows: each epoch is a line, with the time left."""
+    line = re.compile(rf"{NAME}: epoch (\d)/{EPOCHS} · train loss \d\.\d{{4}} · test acc \d+\.\d\d% · \d+\.\d s"
+                      r"( · [\d,]+ pruned)? · about (\d+ s|\d+ min|\d+ h \d\d min) left$")  # fmt: skip
+    crash_at_log_of(3, monkeypatch)  # after the checkpoint of epoch 3, before its store entry and line
+    train_run(config())
+    err = capsys.readouterr().err.splitlines()
+    epochs = [int(m.group(1)) for m in map(line.fullmatch, err) if m]
+    assert epochs == [1, 2, 4, 5, 6], err
+    at = {m.group(1): i for i, m in enumerate(map(line.fullmatch, err)) if m}
+    resumed = next(i for i, text in enumerate(err) if "resuming after epoch 3" in text)
+    assert at["2"] < resumed < at["4"]
+    assert err[at["6"]].endswith("about 0 s left")
+
+
+def test_an_epoch_line_shows_what_the_method_left_out_and_the_time_left_at_the_recent_pace():
+    def row(epoch: int, seconds: float, **own: int) -> dict:
+        return {"epoch": epoch, "train_loss": 0.5, "test_acc": 61.0, "epoch_train_s": seconds, "eval_s": 1.0} | own
+
+    history = [row(1, 500.0), *(row(e, 59.0) for e in range(2, 7)), row(7, 39.0, pruned_samples=15000)]
+    text = runner.epoch_line("run", history, 200)  # 193 epochs left at 56 s (the last 5; the slow first left out)
+    assert (
+        text
+        == "run: epoch 7/200 · train loss 0.5000 · test acc 61.00% · 39.0 s · 15,000 pruned · about 3 h 00 min left"
+    )
+    assert runner.epoch_line("run", [row(9, 20.0, phase=1)], 11).endswith("20.0 s · skip epoch · about 42 s left")
+    assert runner.epoch_line("run", [row(9, 20.0, phase=0)], 12).endswith("20.0 s · about 1 min left")
+    assert runner.duration(7 * 60 + 20) == "7 min" and runner.duration(3600) == "1 h 00 min"
 
 
 def test_a_store_that_fails_mid_run_stops_it_with_a_clear_error_and_the_rerun_fills_the_gap(

@@ -239,8 +239,10 @@ class Recorder:
         owner: bool,
         resume: dict[str, Any] | None,
         logged: int,
+        lines: bool = False,
     ) -> None:
         self.cfg, self.identity, self.tracker, self.owner = cfg, ident, tracker, owner
+        self.lines = lines  # a line per epoch on stderr, where no progress bar shows (a log file, a pipe)
         self.path = checkpoint_path(cfg)
         self.started = time.perf_counter()
         self.wall_before = resume["wall_s"] if resume else 0.0  # earlier attempts, up to their last checkpoint
@@ -259,6 +261,8 @@ class Recorder:
         self.save(state)
         self.done = history[-1]["epoch"]
         self.log_missing(history)
+        if self.lines:
+            print(epoch_line(self.cfg.name, history, self.cfg.recipe.epochs), file=sys.stderr, flush=True)
 
     def log_missing(self, history: list[dict[str, Any]]) -> None:
         """Log the epochs the store lacks (after a crash between a checkpoint and the store, those too)."""
@@ -277,6 +281,28 @@ class Recorder:
         if self.owner and not self.done:
             self.path.unlink(missing_ok=True)
             self.path.with_suffix(".lock").unlink(missing_ok=True)
+
+
+def epoch_line(name: str, history: list[dict[str, Any]], epochs: int) -> str:
+    """What a progress bar shows, as one line: the epoch, its loss, accuracy, seconds and the method's own figures,
+    and the time left at the pace of the last 5 epochs."""
+    row, recent = history[-1], history[-5:]
+    pace = sum(r["epoch_train_s"] + r.get("eval_s", 0.0) for r in recent) / len(recent)
+    own = f" · {int(row['pruned_samples']):,} pruned" if row.get("pruned_samples") else ""
+    own += " · skip epoch" if row.get("phase") else ""
+    left = (epochs - row["epoch"]) * pace
+    return (
+        f"{name}: epoch {row['epoch']}/{epochs} · train loss {row['train_loss']:.4f} · test acc "
+        f"{row['test_acc']:.2f}% · {row['epoch_train_s']:.1f} s{own} · about {duration(left)} left"
+    )
+
+
+def duration(seconds: float) -> str:
+    """'2 h 05 min', '7 min', '40 s'."""
+    minutes = round(seconds / 60)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
 def open_tracker(study: str, track: bool) -> RunTracker | NoTracker:
@@ -332,7 +358,8 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         resume = broadcast(processes, resume_state(cfg, ckpt, ident, owner, tracker) if processes.main else None)
         logged = tracker.start(cfg.name, cfg.to_dict(), run_tags(cfg.study, cfg.device), resume and resume["run_id"],
                                dataset=dataset_ref(cfg.data_dir))  # fmt: skip
-        recorder = Recorder(cfg, ident, tracker, owner, resume, logged)
+        bar_shown = sys.stderr.isatty()  # tqdm's own test: it shows its bar only on a terminal
+        recorder = Recorder(cfg, ident, tracker, owner, resume, logged, lines=processes.main and not bar_shown)
         if resume and processes.main:
             print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), MLflow run {tracker.run_id}",
                   file=sys.stderr)  # fmt: skip
