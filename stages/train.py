@@ -35,10 +35,19 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="only check every run of the grid, then exit")
     parser.add_argument("--no-mlflow", action="store_true", help="train without logging to MLflow")
+    parser.add_argument(
+        "--running", action="store_true", help="list the runs under way (checkpoints/), whether each trains now; exit"
+    )
     args = parser.parse_args()
     run = (args.study, args.dataset, args.model, args.method, args.seed)
+    if args.running:
+        from cheaptrain.runner import runs_under_way
+
+        lines = runs_under_way()
+        print("\n".join(lines) if lines else "no run under way (no checkpoint in checkpoints/)")
+        return
     if not args.check and None in run:
-        parser.error("--study, --dataset, --model, --method and --seed are required (unless --check)")
+        parser.error("--study, --dataset, --model, --method and --seed are required (unless --check or --running)")
 
     from cheaptrain.config import load_params, resolve_run, validate_grid
     from cheaptrain.distributed import from_environment, stop

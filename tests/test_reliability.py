@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -348,6 +349,24 @@ def test_a_run_without_a_terminal_logs_a_line_per_epoch_and_its_resume_goes_on_f
     resumed = next(i for i, text in enumerate(err) if "resuming after epoch 3" in text)
     assert at["2"] < resumed < at["4"]
     assert err[at["6"]].endswith("about 0 s left")
+
+
+def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_them_now(workdir, monkeypatch):
+    """`python stages/train.py --running`: a run killed after epoch 3 is stopped until its command runs again."""
+    stage = [sys.executable, str(REPO / "stages" / "train.py"), "--running"]
+    done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
+    assert done.stdout == "no run under way (no checkpoint in checkpoints/)\n"
+    crash_at_log_of(3, monkeypatch)
+    (line,) = runner.runs_under_way()
+    acc = torch.load(checkpoint_path(config()), weights_only=False)["history"][-1]["test_acc"]
+    assert re.fullmatch(rf"dfp/{NAME}: epoch 3/{EPOCHS}, test acc {acc:.2f}%, written \d{{4}}-\d\d-\d\d \d\d:\d\d UTC, "
+                        "stopped: the command that started it resumes it", line)  # fmt: skip
+    with open(checkpoint_path(config()).with_suffix(".lock")) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the training process holds it
+        done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
+    assert done.stdout == f"{line.split(', stopped')[0]}, training now\n"
+    train_run(config())  # finished: its checkpoint goes
+    assert runner.runs_under_way() == []
 
 
 def test_an_epoch_line_shows_what_the_method_left_out_and_the_time_left_at_the_recent_pace():

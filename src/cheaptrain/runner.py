@@ -153,14 +153,37 @@ def cpu_threads(setting: int | str, share: int = 1) -> int:
 
 def running_trainings() -> int:
     """Training processes of this repository that hold their checkpoint lock now."""
-    held = 0
-    for path in (project_root() / "checkpoints").glob("*/*.lock"):
-        with contextlib.suppress(OSError), open(path) as probe:
-            try:
-                fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                held += 1
-    return held
+    return sum(lock_held(path) for path in (project_root() / "checkpoints").glob("*/*.lock"))
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds this checkpoint lock now (the kernel releases it when the process dies)."""
+    with contextlib.suppress(OSError), open(path) as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
+
+
+def runs_under_way(root: Path | None = None) -> list[str]:
+    """One line per checkpoint under checkpoints/ (a run started, not finished): its last epoch and accuracy, and
+    whether a process trains it now or it waits for its command to be run again."""
+    lines = []
+    for path in sorted((root or project_root() / "checkpoints").glob("*/*.pt")):
+        name = f"{path.parent.name}/{path.stem.rsplit('-', 1)[0]}"
+        state, problem = read_checkpoint(path, {})
+        if state is None:
+            lines.append(f"{name}: unusable checkpoint {path} ({problem}): its run starts afresh")
+            continue
+        history, total = state["history"], state.get("epochs")
+        done = f"epoch {len(history)}" + (f"/{total}" if total else "")
+        acc = f", test acc {history[-1]['test_acc']:.2f}%" if history else ""
+        written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+        now = lock_held(path.with_suffix(".lock"))
+        what = "training now" if now else "stopped: the command that started it resumes it"
+        lines.append(f"{name}: {done}{acc}, written {written}, {what}")
+    return lines
 
 
 @contextlib.contextmanager
@@ -254,7 +277,8 @@ class Recorder:
 
     def save(self, state: dict[str, Any]) -> None:
         if self.owner:
-            meta = {"identity": self.identity, "run_id": self.tracker.run_id, "wall_s": self.wall_s()}
+            meta = {"identity": self.identity, "run_id": self.tracker.run_id, "wall_s": self.wall_s(),
+                    "epochs": self.cfg.recipe.epochs}  # fmt: skip
             save_checkpoint(self.path, state | meta)
 
     def epoch_end(self, history: list[dict[str, Any]], state: dict[str, Any]) -> None:
