@@ -15,7 +15,17 @@ from pathlib import Path
 import pytest
 
 from cheaptrain import UserError
-from cheaptrain.aggregate import Run, collect, headline, ledger_runs, recipe_id, summarize, with_ledger
+from cheaptrain.aggregate import (
+    Run,
+    collect,
+    headline,
+    ledger_runs,
+    read_summary,
+    recipe_id,
+    summarize,
+    summary_csv,
+    with_ledger,
+)
 from cheaptrain.papers import PAPERS
 from cheaptrain.report.claims import paper_scale
 from cheaptrain.report.figures import LEDGER_FIGURES
@@ -214,6 +224,32 @@ def test_the_ledger_and_the_grid_count_a_run_in_both_once(tmp_path):
     assert set(metrics["ledger"]["dfp"]) == {"cifar10-lenet-baseline", "cifar10-lenet-dfp"}
     grid_rows, grid_runs = grid_part(summary, runs)  # the report's body, figures and curves: the grid's configurations
     assert {r["epochs"] for r in grid_rows} == {10} and len(grid_runs) == 6
+
+
+def test_a_method_waits_for_every_seeds_baseline_before_its_accuracy_delta_is_judged(tmp_path):
+    """WUS at seeds 0 and 1, the baseline at seed 0 only (its seed 1 still training): no Δ over a subset of the
+    seeds the row counts; the claim says which seed lacks its baseline. Its own time saved is judged already."""
+    from cheaptrain.aggregate import load_published
+
+    for method, seeds in (("baseline", (0,)), ("wus", (0, 1)), ("wus_lr", (0,))):
+        for seed in seeds:
+            write_entry(tmp_path, "wus", "alexnet", method, seed)
+    runs = ledger_runs(tmp_path)
+    summary = summarize(runs, {})
+    rows = {r["method"]: r for r in summary}
+    assert rows["wus"]["unpaired_seeds"] == "1" and "acc_delta_mean" not in rows["wus"]
+    assert "unpaired_seeds" not in rows["wus_lr"] and rows["wus_lr"]["acc_delta_mean"] == pytest.approx(-0.5)
+    (tmp_path / "summary.csv").write_text(summary_csv(summary))
+    assert {r["method"]: r.get("unpaired_seeds") for r in read_summary(tmp_path / "summary.csv")} == {
+        "baseline": None, "wus": "1", "wus_lr": None}  # fmt: skip
+    _, (table, _, _), _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    claims = {(r[3], r[4]): r for r in table.rows if r[1:3] == ["cifar10", "alexnet"]}
+    assert claims["wus", "accuracy Δ (points)"][5:7] == ["— (no baseline of seed 1 yet)", "2"]
+    assert claims["wus", "accuracy Δ (points)"][-1] == "not yet run"
+    assert claims["wus", TIME_CLAIM][-1] != "not yet run"
+    assert claims["wus_lr", "accuracy Δ (points)"][5] == "-0.50" and claims["wus_lr", "accuracy Δ (points)"][-1] == (
+        "within tolerance"
+    )
 
 
 def test_a_time_saving_is_only_paired_on_one_device(tmp_path):

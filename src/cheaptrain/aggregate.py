@@ -70,8 +70,10 @@ SUMMARY_COLUMNS = (
     *(f"{s}_{end}" for s in INTERVALS for end in ("lo", "hi")),
     *(f"{m}_mean" for m in MEANS),
     *PUBLISHED,
+    "unpaired_seeds",  # of a method's seeds, those without a baseline run of the same recipe yet
     "mlflow_run_ids",
 )
+TEXT_COLUMNS = (*KEY, "recipe", "source", "devices", "acc_measure", "work_measure", "unpaired_seeds", "mlflow_run_ids")
 PUBLISHED_COLUMNS = ("paper", "table", "dataset", "model", "method", "metric", "value", "unit", "note")
 
 
@@ -247,6 +249,8 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             values["cheap_work_share"] = [t.cheap_work_share for t in timed]
             replicates["own_time_saving_pct"] = [t.own_saving_replicates for t in timed]
         partners = [baselines.get((*key[:3], key[4], r.seed)) for r in group]
+        if method != BASELINE and not all(partners):  # paired figures wait for every seed's baseline
+            row["unpaired_seeds"] = " ".join(str(r.seed) for r, b in zip(group, partners, strict=True) if b is None)
         if method != BASELINE and all(partners):
             pairs = list(zip(group, partners, strict=True))
             values["acc_delta"] = [r.metrics[measure] - b.metrics[measure] for r, b in pairs]
@@ -375,7 +379,7 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
             for k, v in raw.items():
                 if v in ("", None):
                     continue
-                if k in (*KEY, "recipe", "source", "devices", "acc_measure", "work_measure", "mlflow_run_ids"):
+                if k in TEXT_COLUMNS:
                     row[k] = v
                     continue
                 try:

@@ -178,6 +178,9 @@ def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str
 
 def missing_figure(row: dict[str, Any], name: str) -> str:
     if row.get("acc_delta_mean") is None:
+        unpaired = str(row.get("unpaired_seeds") or "").split()
+        if 0 < len(unpaired) < int(row["seeds"]):  # paired over every seed or none: the seeds column holds for all
+            return f"no baseline of seed{'s' * (len(unpaired) > 1)} {', '.join(unpaired)} yet"
         return "no baseline at this setting"
     if name == "own_time_saving_pct":
         return "no per-epoch times"
@@ -275,7 +278,8 @@ def paper_scale(
         "`aggregate.agree_within`) or, for the accuracy Δ and the reduction, the paper's figure lies within our 95% "
         "t-interval. A time saving further from the paper's is within noise, never outside tolerance, when its "
         "interval contains the paper's figure or it is negative for a method that did less work; one above the "
-        "compute saved is within noise too. Not yet run: no run at the paper's setting, or none of its baseline.",
+        "compute saved is within noise too. Not yet run: no run at the paper's setting, or (accuracy Δ) not yet the "
+        "baseline of each of its seeds.",
         "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "
         "saves, so it bounds the time saving on any hardware; a paper's time saving above it cannot come from the "
         "work the method leaves out alone.",
