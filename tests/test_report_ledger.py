@@ -226,30 +226,40 @@ def test_the_ledger_and_the_grid_count_a_run_in_both_once(tmp_path):
     assert {r["epochs"] for r in grid_rows} == {10} and len(grid_runs) == 6
 
 
-def test_a_method_waits_for_every_seeds_baseline_before_its_accuracy_delta_is_judged(tmp_path):
-    """WUS at seeds 0 and 1, the baseline at seed 0 only (its seed 1 still training): no Δ over a subset of the
-    seeds the row counts; the claim says which seed lacks its baseline. Its own time saved is judged already."""
+def test_a_methods_paired_figures_are_over_the_seeds_whose_baseline_has_run_and_say_so(tmp_path):
+    """WUS at seeds 0-2, the baseline at seeds 0 and 1 (its seed 2 still training): accuracy Δ and the savings
+    against the baseline are over seeds 0 and 1 and every place that shows them says '2 of 3'; a method none of
+    whose seeds has its baseline yet says which seed waits. Its own time saved is over all its seeds."""
     from cheaptrain.aggregate import load_published
+    from cheaptrain.report.cells import stat
 
-    for method, seeds in (("baseline", (0,)), ("wus", (0, 1)), ("wus_lr", (0,))):
+    for method, seeds in (("baseline", (0, 1)), ("wus", (0, 1, 2)), ("wus_lr", (2,))):
         for seed in seeds:
             write_entry(tmp_path, "wus", "alexnet", method, seed)
     runs = ledger_runs(tmp_path)
     summary = summarize(runs, {})
     rows = {r["method"]: r for r in summary}
-    assert rows["wus"]["unpaired_seeds"] == "1" and "acc_delta_mean" not in rows["wus"]
-    assert "unpaired_seeds" not in rows["wus_lr"] and rows["wus_lr"]["acc_delta_mean"] == pytest.approx(-0.5)
+    wus = rows["wus"]
+    assert (wus["seeds"], wus["paired_seeds"], wus["unpaired_seeds"]) == (3, 2, "2")
+    assert wus["acc_delta_mean"] == pytest.approx(-0.7) and wus["acc_delta_std"] == pytest.approx(0, abs=1e-9)
+    assert wus["acc_delta_ci95"] is None  # 2 paired seeds: no t-interval, though the row has 3
+    assert wus["own_time_saving_pct_ci95"] is not None  # not paired: over all 3 seeds
+    assert "compute_saving_pct_mean" in wus and "time_saving_pct_mean" in wus
+    assert (rows["wus_lr"]["paired_seeds"], rows["wus_lr"]["unpaired_seeds"]) == (0, "2")
+    assert "acc_delta_mean" not in rows["wus_lr"] and "paired_seeds" not in rows["baseline"]
+    assert stat(wus, "acc_delta", sign=True) == "-0.70 (sd 0.00) (2 of 3 seeds)"
+    assert stat(wus, "own_time_saving_pct", 1).endswith("seeds)") is False
     (tmp_path / "summary.csv").write_text(summary_csv(summary))
-    assert {r["method"]: r.get("unpaired_seeds") for r in read_summary(tmp_path / "summary.csv")} == {
-        "baseline": None, "wus": "1", "wus_lr": None}  # fmt: skip
+    read = {r["method"]: r for r in read_summary(tmp_path / "summary.csv")}
+    assert {m: (r.get("paired_seeds"), r.get("unpaired_seeds")) for m, r in read.items()} == {
+        "baseline": (None, None), "wus": (2, "2"), "wus_lr": (0, "2")}  # fmt: skip
     _, (table, _, _), _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
     claims = {(r[3], r[4]): r for r in table.rows if r[1:3] == ["cifar10", "alexnet"]}
-    assert claims["wus", "accuracy Δ (points)"][5:7] == ["— (no baseline of seed 1 yet)", "2"]
-    assert claims["wus", "accuracy Δ (points)"][-1] == "not yet run"
-    assert claims["wus", TIME_CLAIM][-1] != "not yet run"
-    assert claims["wus_lr", "accuracy Δ (points)"][5] == "-0.50" and claims["wus_lr", "accuracy Δ (points)"][-1] == (
-        "within tolerance"
-    )
+    assert claims["wus", "accuracy Δ (points)"][5:7] == ["-0.70 (sd 0.00)", "2 of 3"]
+    assert claims["wus", "accuracy Δ (points)"][-1] == "within tolerance"  # paper: -0.59 on AlexNet
+    assert claims["wus", TIME_CLAIM][6] == "3" and claims["wus", TIME_CLAIM][-1] != "not yet run"
+    assert claims["wus_lr", "accuracy Δ (points)"][5:7] == ["— (no baseline of seed 2 yet)", "1"]
+    assert claims["wus_lr", "accuracy Δ (points)"][-1] == "not yet run"
 
 
 def test_a_time_saving_is_only_paired_on_one_device(tmp_path):

@@ -7,8 +7,9 @@ counted once, the grid's. Each row says where its runs came from (`source`: runs
 devices they trained on.
 
 Each method run is paired by seed with the baseline of its configuration (same recipe, same seed): accuracy delta,
-compute saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged; the time
-saved only where both runs of each pair trained on one device. Every statistic has a mean, a standard deviation (2+
+compute saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged over the
+seeds whose baseline has run (`paired_seeds` of `seeds`; the others: `unpaired_seeds`); the time saved only where
+both runs of each pair trained on one device. Every statistic has a mean, a standard deviation (2+
 seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`, `<name>_std`, `<name>_ci95`.
 Wall-clock figures come from each run's robust training time (`cheaptrain.timing`: a few slow epochs do not move it),
 and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
@@ -70,6 +71,7 @@ SUMMARY_COLUMNS = (
     *(f"{s}_{end}" for s in INTERVALS for end in ("lo", "hi")),
     *(f"{m}_mean" for m in MEANS),
     *PUBLISHED,
+    "paired_seeds",  # of a method's seeds, how many the paired figures (accuracy Δ, savings) are over
     "unpaired_seeds",  # of a method's seeds, those without a baseline run of the same recipe yet
     "mlflow_run_ids",
 )
@@ -249,10 +251,12 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             values["cheap_work_share"] = [t.cheap_work_share for t in timed]
             replicates["own_time_saving_pct"] = [t.own_saving_replicates for t in timed]
         partners = [baselines.get((*key[:3], key[4], r.seed)) for r in group]
-        if method != BASELINE and not all(partners):  # paired figures wait for every seed's baseline
-            row["unpaired_seeds"] = " ".join(str(r.seed) for r, b in zip(group, partners, strict=True) if b is None)
-        if method != BASELINE and all(partners):
-            pairs = list(zip(group, partners, strict=True))
+        pairs = [(r, b) for r, b in zip(group, partners, strict=True) if b is not None]
+        if method != BASELINE:  # paired figures are over the seeds whose baseline has run, and say how many
+            row["paired_seeds"] = len(pairs)
+            if len(pairs) < len(group):
+                row["unpaired_seeds"] = " ".join(str(r.seed) for r, b in zip(group, partners, strict=True) if b is None)
+        if method != BASELINE and pairs:
             values["acc_delta"] = [r.metrics[measure] - b.metrics[measure] for r, b in pairs]
             values["sample_saving_pct"] = [_saving(r, b, "total_trained_samples") for r, b in pairs]
             if all("total_train_flops" in r.metrics and "total_train_flops" in b.metrics for r, b in pairs):

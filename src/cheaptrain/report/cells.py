@@ -22,17 +22,33 @@ def fmt(value: float | None, digits: int = 2, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def stat(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False) -> str:
-    """'mean ± ci95' with 3+ seeds, 'mean (sd x)' with 2, 'mean' with 1, '—' when the figure does not apply."""
+def stat(row: dict[str, Any], name: str, digits: int = 2, sign: bool = False, note: bool = True) -> str:
+    """'mean ± ci95' with 3+ seeds, 'mean (sd x)' with 2, 'mean' with 1, '—' when the figure does not apply; a
+    paired figure over fewer seeds than its row's says over how many (paired_note) unless `note` is False."""
     mean = row.get(f"{name}_mean")
     if mean is None:
         return "—"
     text = fmt(mean, digits, sign)
     if row.get(f"{name}_ci95") is not None:
-        return f"{text} ± {row[f'{name}_ci95']:.{digits}f}"
-    if row.get(f"{name}_std") is not None:
-        return f"{text} (sd {row[f'{name}_std']:.{digits}f})"
-    return text
+        text = f"{text} ± {row[f'{name}_ci95']:.{digits}f}"
+    elif row.get(f"{name}_std") is not None:
+        text = f"{text} (sd {row[f'{name}_std']:.{digits}f})"
+    return text + paired_note(row, name) if note else text
+
+
+PAIRED = ("acc_delta", "sample_saving_pct", "compute_saving_pct", "time_saving_pct")  # method run minus its baseline's
+
+
+def paired_seeds(row: dict[str, Any], name: str) -> int:
+    """How many seeds the figure `name` is over: a paired one, those whose baseline has run; any other, all."""
+    return int(row.get("paired_seeds", row["seeds"])) if name in PAIRED else int(row["seeds"])
+
+
+def paired_note(row: dict[str, Any], name: str) -> str:
+    """' (2 of 3 seeds)' where the paired figure `name` is over fewer seeds than its row (some baselines still to
+    run); '' otherwise."""
+    over, seeds = paired_seeds(row, name), int(row["seeds"])
+    return f" ({over} of {seeds} seeds)" if over < seeds else ""
 
 
 CHEAP_EPOCH_NOTE = (
@@ -62,7 +78,8 @@ def interval_text(row: dict[str, Any], name: str, digits: int = 1) -> str:
     """'mean [lo, hi]' with the figure's 95% interval; stat() where the summary has none."""
     if row.get(f"{name}_lo") is None or row.get(f"{name}_mean") is None:
         return stat(row, name, digits)
-    return f"{row[f'{name}_mean']:.{digits}f} [{row[f'{name}_lo']:.{digits}f}, {row[f'{name}_hi']:.{digits}f}]"
+    lo, hi = row[f"{name}_lo"], row[f"{name}_hi"]
+    return f"{row[f'{name}_mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]{paired_note(row, name)}"
 
 
 def less_work(row: dict[str, Any]) -> bool:

@@ -19,6 +19,8 @@ from cheaptrain.report.cells import (
     cheap_epoch_cell,
     fmt,
     md_table,
+    paired_note,
+    paired_seeds,
     stat,
 )
 from cheaptrain.report.equal_cost import cost_table, implementation_of, seed_accuracies
@@ -155,7 +157,7 @@ def claim_figure(row: dict[str, Any] | None, claim: Claim) -> str:
     if row.get(f"{name}_mean") is None:
         return f"— ({missing_figure(row, name)})"
     if (bounds := interval(row, name)) is None:
-        return stat(row, name, digits, sign=True)
+        return stat(row, name, digits, sign=True, note=False)  # the seeds column says over how many
     mean, lo, hi = bounds
     return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
@@ -169,8 +171,9 @@ def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str
     if bounds is None and row.get(f"{name}_std") is not None:
         bounds = (mean, mean - row[f"{name}_std"], mean + row[f"{name}_std"])
     _, lo, hi = bounds or (mean, None, None)
+    label = f"{claim.dataset} · {claim.model} · {claim.method}{paired_note(row, name)}"
     return {
-        "panel": claim.what, "label": f"{claim.dataset} · {claim.model} · {claim.method}", "ours": mean, "lo": lo,
+        "panel": claim.what, "label": label, "ours": mean, "lo": lo,
         "hi": hi, "paper": claim.published, "verdict": verdict, "color": VERDICT_COLORS[verdict],
         "tolerance": agree["acc_points"] if name == "acc_delta" else agree["saving_points"],
     }  # fmt: skip
@@ -178,8 +181,7 @@ def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str
 
 def missing_figure(row: dict[str, Any], name: str) -> str:
     if row.get("acc_delta_mean") is None:
-        unpaired = str(row.get("unpaired_seeds") or "").split()
-        if 0 < len(unpaired) < int(row["seeds"]):  # paired over every seed or none: the seeds column holds for all
+        if unpaired := str(row.get("unpaired_seeds") or "").split():
             return f"no baseline of seed{'s' * (len(unpaired) > 1)} {', '.join(unpaired)} yet"
         return "no baseline at this setting"
     if name == "own_time_saving_pct":
@@ -203,10 +205,16 @@ def claim_cells(claim: Claim, found: tuple[dict[str, Any], list[str]] | None, ve
     cheap = cheap_epoch_cell(row) if timed else ""
     return [
         claim.study, claim.dataset, claim.model, claim.method, claim.what, claim_figure(row, claim),
-        str(int(row["seeds"])) if row else "—", (row.get("devices") or "—") if row else "—",
+        seeds_cell(row, claim.figure) if row else "—", (row.get("devices") or "—") if row else "—",
         fmt(claim.published, digits, signed), fmt(None if mean is None else mean - claim.published, digits, True),
         compute, cheap, ("; ".join(notes) or "paper's") if row else "—", verdict,
     ]  # fmt: skip
+
+
+def seeds_cell(row: dict[str, Any], name: str) -> str:
+    """The seeds the claim's figure is over: '3', or '2 of 3' for a paired one whose baselines are still to run."""
+    over, seeds = paired_seeds(row, name), int(row["seeds"])
+    return f"{over} of {seeds}" if row.get(f"{name}_mean") is not None and over < seeds else str(seeds)
 
 
 def wus_schedule_table(runs: list[Run], published: dict[tuple, float]) -> Table:
@@ -278,8 +286,8 @@ def paper_scale(
         "`aggregate.agree_within`) or, for the accuracy Δ and the reduction, the paper's figure lies within our 95% "
         "t-interval. A time saving further from the paper's is within noise, never outside tolerance, when its "
         "interval contains the paper's figure or it is negative for a method that did less work; one above the "
-        "compute saved is within noise too. Not yet run: no run at the paper's setting, or (accuracy Δ) not yet the "
-        "baseline of each of its seeds.",
+        "compute saved is within noise too. Not yet run: no run at the paper's setting, or (accuracy Δ) no baseline of "
+        "any of its seeds yet; with some, the Δ is over those (seeds: '2 of 3').",
         "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "
         "saves, so it bounds the time saving on any hardware; a paper's time saving above it cannot come from the "
         "work the method leaves out alone.",

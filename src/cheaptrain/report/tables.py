@@ -17,6 +17,7 @@ from cheaptrain.report.cells import (
     Table,
     cheap_epoch_cell,
     fmt,
+    paired_note,
     paper,
     saving_cell,
     stat,
@@ -221,12 +222,13 @@ def compare(row: dict[str, Any], ours: str, theirs: str, what: str, tol: float, 
     value, published = row.get(f"{ours}_mean"), row.get(theirs)
     if value is None:
         return None
+    shown = f"{what} {value:+.2f}{unit}{paired_note(row, ours)}"
     if published is None:
-        return f"{what} {value:+.2f}{unit} ({NOT_IN_PAPER})"
+        return f"{shown} ({NOT_IN_PAPER})"
     margin = max(tol, row.get(f"{ours}_ci95") or 0)
     gap = value - published
     verdict = "matches" if abs(gap) <= margin else f"does NOT match ({gap:+.2f}, beyond ±{margin:.2f})"
-    return f"{what} {value:+.2f}{unit} vs the paper's {published:+.2f}{unit}: {verdict}"
+    return f"{shown} vs the paper's {published:+.2f}{unit}: {verdict}"
 
 
 def time_findings(row: dict[str, Any], tol: float) -> list[str]:
@@ -263,7 +265,7 @@ def signed_interval(row: dict[str, Any], name: str) -> str:
     text = f"{row[f'{name}_mean']:+.2f}%"
     if row.get(f"{name}_lo") is not None:
         text += f" [{row[f'{name}_lo']:+.2f}, {row[f'{name}_hi']:+.2f}]"
-    return text
+    return text + paired_note(row, name)
 
 
 def time_kind(row: dict[str, Any], published: float, tol: float, name: str = "time_saving_pct") -> str:
