@@ -260,6 +260,8 @@ def test_a_methods_paired_figures_are_over_the_seeds_whose_baseline_has_run_and_
     assert claims["wus", TIME_CLAIM][6] == "3" and claims["wus", TIME_CLAIM][-1] != "not yet run"
     assert claims["wus_lr", "accuracy Δ (points)"][5:7] == ["— (no baseline of seed 2 yet)", "1"]
     assert claims["wus_lr", "accuracy Δ (points)"][-1] == "not yet run"
+    markdown, _, _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    assert "wus: Δ -0.70 points (2 of 3 seeds) at" in markdown  # the equal-cost findings
 
 
 def test_a_time_saving_is_only_paired_on_one_device(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from cheaptrain.aggregate import BASELINE, Run, config_key, describe, row_key
-from cheaptrain.report.cells import Column, Table, paper, saving_cell, stat
+from cheaptrain.report.cells import Column, Table, paired_note, paper, saving_cell, stat
 
 COST_NOTE = (
     "Each method at each of its budgets (its named configurations, `methods.<name>.method`), paired by seed with "
@@ -69,11 +69,13 @@ def acc_interval(row: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def point_text(row: dict[str, Any]) -> str:
-    """'dfp_p50 (dfp): Δ -0.40 [-0.60, -0.20] points at 21.3% compute saved'."""
+    """'dfp_p50 (dfp): Δ -0.40 [-0.60, -0.20] points at 21.3% compute saved', and '(2 of 3 seeds)' after the Δ
+    where some of its seeds' baselines are still to run (paired_note)."""
     name = row["method"] if row["method"] == row["implementation"] else f"{row['method']} ({row['implementation']})"
     found = acc_interval(row)
     shown = f"{row['acc_delta_mean']:+.2f}" + (f" [{found[0]:+.2f}, {found[1]:+.2f}]" if found else "")
-    return f"{name}: Δ {shown} points at {row['compute_saving_pct_mean']:.1f}% compute saved"
+    shown += f" points{paired_note(row, 'acc_delta')}"
+    return f"{name}: Δ {shown} at {row['compute_saving_pct_mean']:.1f}% compute saved"
 
 
 def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tuple[str, ...], dict[int, float]]:
