@@ -248,19 +248,18 @@ def test_a_methods_paired_figures_are_over_the_seeds_whose_baseline_has_run_and_
     assert (rows["wus_lr"]["paired_seeds"], rows["wus_lr"]["unpaired_seeds"]) == (0, "2")
     assert "acc_delta_mean" not in rows["wus_lr"] and "paired_seeds" not in rows["baseline"]
     assert stat(wus, "acc_delta", sign=True) == "-0.70 (sd 0.00) (2 of 3 seeds)"
-    assert stat(wus, "own_time_saving_pct", 1).endswith("seeds)") is False
+    assert not stat(wus, "own_time_saving_pct", 1).endswith("seeds)")
     (tmp_path / "summary.csv").write_text(summary_csv(summary))
     read = {r["method"]: r for r in read_summary(tmp_path / "summary.csv")}
     assert {m: (r.get("paired_seeds"), r.get("unpaired_seeds")) for m, r in read.items()} == {
         "baseline": (None, None), "wus": (2, "2"), "wus_lr": (0, "2")}  # fmt: skip
-    _, (table, _, _), _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    markdown, (table, _, _), _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
     claims = {(r[3], r[4]): r for r in table.rows if r[1:3] == ["cifar10", "alexnet"]}
     assert claims["wus", "accuracy Δ (points)"][5:7] == ["-0.70 (sd 0.00)", "2 of 3"]
     assert claims["wus", "accuracy Δ (points)"][-1] == "within tolerance"  # paper: -0.59 on AlexNet
     assert claims["wus", TIME_CLAIM][6] == "3" and claims["wus", TIME_CLAIM][-1] != "not yet run"
     assert claims["wus_lr", "accuracy Δ (points)"][5:7] == ["— (no baseline of seed 2 yet)", "1"]
     assert claims["wus_lr", "accuracy Δ (points)"][-1] == "not yet run"
-    markdown, _, _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
     assert "wus: Δ -0.70 points (2 of 3 seeds) at" in markdown  # the equal-cost findings
 
 
