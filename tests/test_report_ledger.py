@@ -30,6 +30,7 @@ from cheaptrain.papers import PAPERS
 from cheaptrain.report.claims import paper_scale
 from cheaptrain.report.figures import LEDGER_FIGURES
 from cheaptrain.report.stage import grid_part
+from cheaptrain.report.tables import findings, paper_tables
 
 from conftest import REPO, read_csv
 
@@ -271,6 +272,32 @@ def test_a_time_saving_is_only_paired_on_one_device(tmp_path):
     (row,) = [r for r in summarize(ledger_runs(tmp_path), {}) if r["method"] == "dfp"]
     assert row["compute_saving_pct_mean"] == pytest.approx(12.0) and "acc_delta_mean" in row
     assert "time_saving_pct_mean" not in row  # an H100 run against a CPU baseline says nothing about time
+    assert row["time_unpaired"] == f"seed 0 on NVIDIA H100 80GB HBM3, its baseline on {DEVICE}"
+
+
+def test_a_time_saving_is_only_paired_on_the_same_cpu_threads_and_the_report_says_why_not(tmp_path):
+    for seed in (0, 1):
+        write_entry(tmp_path, "wus", "lenet", "baseline", seed)
+        write_entry(tmp_path, "wus", "lenet", "wus", seed)
+    history = tmp_path / "wus" / "cifar10-lenet-baseline-s1" / "history.csv"
+    rows = read_csv(history)
+    with history.open("w", newline="") as f:  # the baseline of seed 1 trained on one thread, its method on two
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(r | {"threads": "1"} for r in rows)
+    summary = summarize(ledger_runs(tmp_path), {})
+    (row,) = [r for r in summary if r["method"] == "wus"]
+    assert "time_saving_pct_mean" not in row
+    assert row["own_time_saving_pct_mean"] == pytest.approx(50, abs=1)  # its own epochs still compare
+    assert row["time_unpaired"] == "seed 1 on 2 CPU threads, its baseline on 1 CPU thread"
+    assert row["acc_delta_mean"] == pytest.approx(-0.7) and row["compute_saving_pct_mean"] > 0  # no clock in these
+    (tmp_path / "summary.csv").write_text(summary_csv(summary))
+    (read,) = [r for r in read_summary(tmp_path / "summary.csv") if r["method"] == "wus"]
+    assert read["time_unpaired"] == row["time_unpaired"]
+    (finding,) = [line for line in findings(summary, AGREE) if "/wus:" in line]
+    assert "time saved not compared with the baseline's (seed 1 on 2 CPU threads, its baseline on 1" in finding
+    (table,) = [t for t in paper_tables(summary) if t.slug == "wus_table1"]
+    assert table.columns()["time saved %"][1] == "— (other machine)"
 
 
 def test_a_broken_ledger_entry_is_one_clear_error(tmp_path):

@@ -9,8 +9,9 @@ devices they trained on.
 Each method run is paired by seed with the baseline of its configuration (same recipe, same seed): accuracy delta,
 compute saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged over the
 seeds whose baseline has run (`paired_seeds` of `seeds`; the others: `unpaired_seeds`); the time saved only where
-both runs of each pair trained on one device. Every statistic has a mean, a standard deviation (2+
-seeds) and the half-width of a 95% t-interval (3+ seeds): columns `<name>_mean`, `<name>_std`, `<name>_ci95`.
+both runs of each pair trained on one machine: the same device and CPU threads (else `time_unpaired` says which
+pair did not). Every statistic has a mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval
+(3+ seeds): columns `<name>_mean`, `<name>_std`, `<name>_ci95`.
 Wall-clock figures come from each run's robust training time (`cheaptrain.timing`: a few slow epochs do not move it),
 and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
 """
@@ -73,9 +74,13 @@ SUMMARY_COLUMNS = (
     *PUBLISHED,
     "paired_seeds",  # of a method's seeds, how many the paired figures (accuracy Δ, savings) are over
     "unpaired_seeds",  # of a method's seeds, those without a baseline run of the same recipe yet
+    "time_unpaired",  # why the time saved against the baseline is not given: pairs that trained on other machines
     "mlflow_run_ids",
 )
-TEXT_COLUMNS = (*KEY, "recipe", "source", "devices", "acc_measure", "work_measure", "unpaired_seeds", "mlflow_run_ids")
+TEXT_COLUMNS = (
+    *KEY, "recipe", "source", "devices", "acc_measure", "work_measure", "unpaired_seeds", "time_unpaired",
+    "mlflow_run_ids",
+)  # fmt: skip
 PUBLISHED_COLUMNS = ("paper", "table", "dataset", "model", "method", "metric", "value", "unit", "note")
 
 
@@ -218,7 +223,7 @@ def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
 def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]:
     """One row per configuration (study, dataset, model, method, recipe): statistics over seeds, methods paired by seed
     with the baseline of the same recipe; wall-clock savings only where both runs of every pair trained on one
-    device."""
+    machine (device and CPU threads)."""
     baselines = {(*config_key(r)[:3], config_key(r)[4], r.seed): r for r in runs if r.method == BASELINE}
     times = {run_identity(r): run_time(r.history, f"{r.study}/{r.name}") for r in runs}
     summary = []
@@ -262,8 +267,9 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             if all("total_train_flops" in r.metrics and "total_train_flops" in b.metrics for r, b in pairs):
                 values["compute_saving_pct"] = [_saving(r, b, "total_train_flops") for r, b in pairs]
             timed_pairs = [(times[run_identity(r)], times[run_identity(b)]) for r, b in pairs]
-            one_device = all(r.device == b.device or not (r.device and b.device) for r, b in pairs)
-            if one_device and all(t and bt for t, bt in timed_pairs):
+            if elsewhere := [d for r, b in pairs if (d := machine_difference(r, b))]:
+                row["time_unpaired"] = "; ".join(elsewhere)
+            elif all(t and bt for t, bt in timed_pairs):
                 values["time_saving_pct"] = [_time_saving(t.robust_time_s, bt.robust_time_s) for t, bt in timed_pairs]
                 replicates["time_saving_pct"] = [_paired_replicates(t, bt) for t, bt in timed_pairs]
         for name, vals in values.items():
@@ -288,6 +294,26 @@ def recipe_id(recipe: dict[str, Any] | None) -> str:
 def _order(run: Run) -> tuple:
     key = config_key(run)
     return (*key[:3], key[4], run.method != BASELINE, run.method, run.seed)  # baseline first
+
+
+def machine_difference(run: Run, baseline: Run) -> str:
+    """How a run and its baseline trained on different machines (device, CPU threads), whose wall-clock times
+    therefore do not compare; '' where they trained alike or a run does not say."""
+    if run.device and baseline.device and run.device != baseline.device:
+        return f"seed {run.seed} on {run.device}, its baseline on {baseline.device}"
+    ours, theirs = run_threads(run), run_threads(baseline)
+    if ours and theirs and ours != theirs:
+        return f"seed {run.seed} on {threads_text(ours)}, its baseline on {threads_text(theirs)}"
+    return ""
+
+
+def run_threads(run: Run) -> list[int]:
+    """The CPU threads a run trained with, from its history (every epoch records them)."""
+    return sorted({int(row["threads"]) for row in run.history if row.get("threads")})
+
+
+def threads_text(threads: list[int]) -> str:
+    return f"{'/'.join(map(str, threads))} CPU thread{'s' * (threads != [1])}"
 
 
 def _saving(run: Run, baseline: Run, metric: str) -> float:

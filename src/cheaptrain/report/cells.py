@@ -98,6 +98,8 @@ def within_noise(row: dict[str, Any], name: str, compared: float) -> bool:
 
 def saving_cell(row: dict[str, Any], name: str) -> str:
     """A wall-clock saving with its interval, marked when it is within noise of 0."""
+    if name == "time_saving_pct" and row.get("time_unpaired"):
+        return "— (other machine)"
     text = interval_text(row, name)
     return f"{text} within noise" if within_noise(row, name, 0.0) else text
 

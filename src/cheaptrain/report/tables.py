@@ -36,10 +36,11 @@ TIME_NOTE = (
     "not the seconds. Train time: the sum of the epochs; 1st epoch: epoch 1 alone (one-off costs); full epoch: the "
     "median of the later epochs that train everything. Compute saved = 100·(1 − training FLOPs / the baseline's), "
     "paired by seed: what an ideal implementation saves on any hardware, the bound for the time saved. Time saved = "
-    "100·(1 − robust time / the baseline's), paired by seed; own time saved: against the run's own full epochs (no "
-    "drift between runs). The robust time weighs each kind of epoch by its median seconds per unit of work, so a few "
-    "slow epochs do not move it (`src/cheaptrain/timing.py`); [lo, hi] is the 95% interval; within noise: the "
-    "interval contains 0, or the method lost time while doing less work. " + CHEAP_EPOCH_NOTE + " "
+    "100·(1 − robust time / the baseline's), paired by seed where both runs trained on one machine (the same device "
+    "and CPU threads; else: other machine, the findings say which seed); own time saved: against the run's own full "
+    "epochs (no drift between runs). The robust time weighs each kind of epoch by its median seconds per unit of "
+    "work, so a few slow epochs do not move it (`src/cheaptrain/timing.py`); [lo, hi] is the 95% interval; within "
+    "noise: the interval contains 0, or the method lost time while doing less work. " + CHEAP_EPOCH_NOTE + " "
 )
 
 
@@ -249,6 +250,8 @@ def time_findings(row: dict[str, Any], tol: float) -> list[str]:
             parts.append(f"{shown}: within noise ({NOT_IN_PAPER})")
         else:
             parts.append(f"{shown} ({NOT_IN_PAPER})")
+    elif row.get("time_unpaired"):
+        parts.append(f"time saved not compared with the baseline's ({row['time_unpaired']})")
     if row.get("own_time_saving_pct_mean") is not None:
         shown = f"time saved vs its own full epochs {signed_interval(row, 'own_time_saving_pct')}"
         parts.append(f"{shown}: within noise" if within_noise(row, "own_time_saving_pct", 0.0) else shown)
