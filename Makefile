@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench server gpu-check
+.PHONY: quickstart test lint bench server gpu-check ledger
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,3 +39,18 @@ gpu-check:
 bench: $(BIN)/.installed
 	@test -d data/prepared/cifar10 || { echo "no data/prepared/cifar10: run 'make quickstart' first"; exit 1; }
 	for name in loader malloc dfp wus; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done
+
+# one run at a paper's setting on CIFAR-10 into the results ledger, through the pipeline (README: The results
+# ledger); resumes where a stopped one left off. In the background, then commit the entry:
+#   nohup make ledger STUDY=wus MODEL=alexnet METHOD=wus SEED=1 > wus-1.log 2>&1 &    git add ledger && git commit
+CIFAR10 ?= $(or $(wildcard $(abspath ../shared/datasets/cifar10-jpg.tar.gz)),torchvision)
+THREADS ?= 1
+ledger: $(BIN)/.installed
+	@test -n "$(STUDY)" -a -n "$(MODEL)" -a -n "$(METHOD)" -a -n "$(SEED)" || { \
+	  echo "usage: make ledger STUDY=dfp|wus MODEL=<model> METHOD=<method> SEED=<n> [THREADS=1] [CIFAR10=<archive>]"; \
+	  exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc exp run --temp \
+	  -n ledger-$(STUDY)-$(MODEL)-$(METHOD)-$(SEED) -S 'download.datasets=[cifar10]' \
+	  -S 'download.cifar10.source=$(CIFAR10)' -S 'grid.$(STUDY).datasets=[cifar10]' \
+	  -S 'grid.$(STUDY).models=[$(MODEL)]' -S 'grid.$(STUDY).methods=[$(METHOD)]' -S 'grid.$(STUDY).seeds=[$(SEED)]' \
+	  -S 'train.threads=$(THREADS)' -S 'train.ledger=record' train_$(STUDY)

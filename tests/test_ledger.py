@@ -211,3 +211,19 @@ def test_a_machine_without_mlflow_and_dvc_trains_and_records_a_ledger_entry(repo
     (entry,) = ledger.entries(repo / "ledger")
     assert entry.name == "cifar10-lenet-baseline-s0" and entry.info["mlflow_run_id"] == ""
     assert not (repo / "mlflow.db").exists()
+
+
+def test_make_ledger_trains_the_one_run_it_names_through_the_pipeline_and_needs_every_name():
+    make = ["make", "--no-print-directory", "-C", str(REPO), "-o", ".venv/bin/.installed"]
+    missing = subprocess.run([*make, "ledger", "STUDY=wus", "MODEL=alexnet"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "usage: make ledger STUDY=dfp|wus" in missing.stdout
+    names = ["STUDY=wus", "MODEL=alexnet", "METHOD=wus_lr", "SEED=2", "CIFAR10=/data/c10.tar.gz"]
+    shown = subprocess.run([*make, "-n", "ledger", *names], capture_output=True, text=True, check=True).stdout
+    command = shown.replace("\\\n", " ").splitlines()[-1].split()
+    assert command[command.index("exp") :][:4] == ["exp", "run", "--temp", "-n"] and command[-1] == "train_wus"
+    overrides = {command[i + 1].strip("'") for i, word in enumerate(command) if word == "-S"}
+    assert overrides == {
+        "download.datasets=[cifar10]", "download.cifar10.source=/data/c10.tar.gz", "grid.wus.datasets=[cifar10]",
+        "grid.wus.models=[alexnet]", "grid.wus.methods=[wus_lr]", "grid.wus.seeds=[2]", "train.threads=1",
+        "train.ledger=record",
+    }  # fmt: skip
