@@ -51,6 +51,6 @@ ledger: $(BIN)/.installed
 	  exit 2; }
 	PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc exp run --temp \
 	  -n ledger-$(STUDY)-$(MODEL)-$(METHOD)-$(SEED) -S 'download.datasets=[cifar10]' \
-	  -S 'download.cifar10.source=$(CIFAR10)' -S 'grid.$(STUDY).datasets=[cifar10]' \
+	  -S 'download.cifar10.source=$(CIFAR10)' -S 'grid.dfp.datasets=[cifar10]' -S 'grid.wus.datasets=[cifar10]' \
 	  -S 'grid.$(STUDY).models=[$(MODEL)]' -S 'grid.$(STUDY).methods=[$(METHOD)]' -S 'grid.$(STUDY).seeds=[$(SEED)]' \
 	  -S 'train.threads=$(THREADS)' -S 'train.ledger=record' train_$(STUDY)

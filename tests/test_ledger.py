@@ -223,7 +223,8 @@ def test_make_ledger_trains_the_one_run_it_names_through_the_pipeline_and_needs_
     assert command[command.index("exp") :][:4] == ["exp", "run", "--temp", "-n"] and command[-1] == "train_wus"
     overrides = {command[i + 1].strip("'") for i, word in enumerate(command) if word == "-S"}
     assert overrides == {
-        "download.datasets=[cifar10]", "download.cifar10.source=/data/c10.tar.gz", "grid.wus.datasets=[cifar10]",
+        "download.datasets=[cifar10]", "download.cifar10.source=/data/c10.tar.gz", "grid.dfp.datasets=[cifar10]",
+        "grid.wus.datasets=[cifar10]",  # every grid's datasets must be downloaded: CIFAR-10 alone for both
         "grid.wus.models=[alexnet]", "grid.wus.methods=[wus_lr]", "grid.wus.seeds=[2]", "train.threads=1",
         "train.ledger=record",
     }  # fmt: skip
