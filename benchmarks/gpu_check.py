@@ -2,6 +2,7 @@
 on one H100). Needs PyTorch with numpy, PyYAML and tqdm; pytest only for the tests; no MLflow, no DVC.
 
     python benchmarks/gpu_check.py OUT [--device cuda] [--quick] [--models lenet resnet18 ...] [--threads N]
+                                       [--sections tests throughput methods concurrency]
 
 Writes under the folder OUT, and prints:
   cuda_tests.log   `pytest -m cuda tests/test_gpu.py` (skipped, saying why, without CUDA or without pytest)
@@ -20,7 +21,8 @@ Writes under the folder OUT, and prints:
                    last one's end, after all have warmed up
   gpu_check.txt    everything printed
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. The exit status is
-1 when the cuda tests fail.
+1 when the cuda tests fail (or take over 8 minutes). `--sections` runs some of the four parts (default: all), to fit
+a machine that limits each command's time: e.g. `--sections tests`, then `--sections throughput methods`.
 
 `--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
 N = 1, 2.
@@ -31,6 +33,7 @@ import csv
 import importlib.util
 import multiprocessing
 import os
+import queue
 import statistics
 import subprocess
 import sys
@@ -62,7 +65,11 @@ METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip b
     "random_prune": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
     "wus": dict(std_window=2),
     "wus_lr": dict(std_window=2),
+    "infobatch": dict(delta=1.0),  # epoch 1 has no candidate (equal scores); epoch 2 prunes, weighted
 }
+SECTIONS = ("tests", "throughput", "methods", "concurrency")
+TESTS_TIMEOUT_S = 480  # the cuda tests, so that a hung test leaves time for the report
+WAIT_S = 300  # the longest a concurrency worker waits for the others, or the parent for a worker
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 PAYS_WITHIN = 0.95  # the smallest N whose aggregate throughput is within 5% of the best
 
@@ -137,7 +144,13 @@ def cuda_tests(report: Report, device: torch.device) -> bool:
         return True
     command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]
     paths = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))  # uninstalled, too
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": paths})
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                              env=os.environ | {"PYTHONPATH": paths}, timeout=TESTS_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired as hung:
+        (report.out / "cuda_tests.log").write_text(str(hung.stdout or "") + str(hung.stderr or ""))
+        report.say(f"cuda tests: FAILED: still running after {TESTS_TIMEOUT_S} s -> {report.out / 'cuda_tests.log'}")
+        return False
     (report.out / "cuda_tests.log").write_text(done.stdout + done.stderr)
     summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
     report.say(f"cuda tests: {summary} -> {report.out / 'cuda_tests.log'}")
@@ -195,7 +208,7 @@ def worker(model: str, device: str, sizes: Sizes, threads: int, barrier: Any, re
         cfg = config(model, device, False, "auto", sizes.batch)
         t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
         train_epoch(t, 1, cfg.recipe.lr)
-        barrier.wait()
+        barrier.wait(timeout=WAIT_S)
         start = time.monotonic()  # one clock for all processes (CLOCK_MONOTONIC)
         samples = sum(train_epoch(t, e, cfg.recipe.lr)["trained_samples"] for e in range(2, 2 + sizes.timed_epochs))
         results.put({"samples": samples, "start": start, "end": time.monotonic()})
@@ -213,9 +226,14 @@ def aggregate_rate(model: str, device: torch.device, sizes: Sizes, n: int, threa
                  for _ in range(n)]  # fmt: skip
     for process in processes:
         process.start()
-    reports = [results.get(timeout=900) for _ in processes]
+    try:
+        reports = [results.get(timeout=WAIT_S) for _ in processes]
+    except queue.Empty:
+        reports = [{"error": f"no result within {WAIT_S} s (a process died or hung)"}]
     for process in processes:
-        process.join()
+        process.join(timeout=WAIT_S)
+        if process.is_alive():
+            process.terminate()
     if errors := [r["error"] for r in reports if "error" in r]:
         raise RuntimeError(f"a training process of {model} (N = {n}) failed:\n{errors[0]}")
     span = max(r["end"] for r in reports) - min(r["start"] for r in reports)
@@ -249,6 +267,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, LeNet only: checks this script")
     parser.add_argument("--models", nargs="+", choices=MODELS, help="throughput models (default: all; --quick: lenet)")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                        help="the parts to run (default: all)")  # fmt: skip
     args = parser.parse_args()
     try:
         device = torch.device(args.device)
@@ -264,16 +284,19 @@ def main() -> None:
     report = Report(args.out)
     report.say(f"gpu_check on {device_name(device)}: torch {torch.__version__}, CUDA {torch.version.cuda}")
     started = time.perf_counter()
-    passed = cuda_tests(report, device)
-    sections = [
-        lambda: throughput(report, device, models, sizes),
-        lambda: methods(report, device, sizes),
-        lambda: concurrency(report, device, [m for m in SMALL_MODELS if m in models] or ["lenet"], sizes, args.threads),
-    ]
-    for section in sections:
-        report.say(f"({time.perf_counter() - started:.0f} s so far)")
-        report.say()
-        section()
+    passed = cuda_tests(report, device) if "tests" in args.sections else True
+    sections = {
+        "throughput": lambda: throughput(report, device, models, sizes),
+        "methods": lambda: methods(report, device, sizes),
+        "concurrency": lambda: concurrency(
+            report, device, [m for m in SMALL_MODELS if m in models] or ["lenet"], sizes, args.threads
+        ),
+    }
+    for name, section in sections.items():
+        if name in args.sections:
+            report.say(f"({time.perf_counter() - started:.0f} s so far)")
+            report.say()
+            section()
     report.say(f"({time.perf_counter() - started:.0f} s in all)")
     sys.exit(0 if passed else 1)
 

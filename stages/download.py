@@ -5,10 +5,12 @@ Reads params section `download.<dataset>` (source, sha256). The environment vari
 Runs first: it also checks the params of every run of the grid and the MLflow store (before downloading), and
 creates the MLflow experiments, in the workspace, so that their artifact stores never point into a temporary copy
 of the repository. Logs one MLflow run (experiment `download`, named after the dataset): the source, the archive's
-checksum, the images per split and class, and the seconds that fetching and preparing took.
+checksum, the images per split and class, and the seconds that fetching and preparing took. Where MLflow is not
+installed (a GPU machine with PyTorch alone) or with `--no-mlflow`, it prepares the data and logs nothing.
 """
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -24,7 +26,13 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
     parser.add_argument("--out", default="data/prepared", help="prepared data root (default: %(default)s)")
     parser.add_argument("--cache", default="data/raw", help="download cache (default: %(default)s)")
+    parser.add_argument("--no-mlflow", action="store_true", help="prepare the data without logging to MLflow")
     args = parser.parse_args()
+    track = not args.no_mlflow
+    if track and importlib.util.find_spec("mlflow") is None:
+        print("warning: MLflow is not installed: the download is not tracked (the prepared data is still written)",
+              file=sys.stderr)  # fmt: skip
+        track = False
 
     from cheaptrain.config import load_params, validate_grid
     from cheaptrain.prepare import prepare_dataset, resolve_source
@@ -33,7 +41,7 @@ def main() -> None:
     params = load_params(args.params)
     validate_grid(params)
     settings = (params.get("download") or {}).get(args.dataset) or {}
-    for experiment in ("download", *(params.get("grid") or {})):
+    for experiment in ("download", *(params.get("grid") or {})) if track else ():
         ensure_experiment(experiment)
     param = settings.get("source", "torchvision")
     started = time.perf_counter()
@@ -43,7 +51,8 @@ def main() -> None:
     source = resolve_source(args.dataset, param)
     counts = ", ".join(f"{split} {info['count']}" for split, info in manifest["splits"].items())
     print(f"{args.dataset}: {counts} images from {source} in {seconds:.1f} s")
-    print(f"MLflow: experiment 'download', run {log_download(out, source, seconds)}")
+    if track:
+        print(f"MLflow: experiment 'download', run {log_download(out, source, seconds)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`train.compile` and bf16 autocast on CPU, through the real loop on small synthetic data: every method decides
-under compile and bf16 as it does in eager fp32, reaches the same accuracy, and compiles each kind of epoch once.
+under compile and bf16 as it does in eager fp32 (InfoBatch, whose candidates follow from the losses: in the same
+epochs, in numbers within 10%), reaches the same accuracy, and compiles each kind of epoch once.
 
 Each setting's run trains once (cached) and is read by several tests. The recipe (LeNet, batch 32, lr 0.01 halved
 every 2 epochs, 600 samples of 4 classes) learns the synthetic task to 100% test accuracy by epoch 4, before WUS
@@ -19,7 +20,8 @@ from cheaptrain.trainer import fit
 
 from conftest import small_config, synthetic_split
 
-METHODS = ("baseline", "dfp", "random_prune", "wus", "wus_lr")
+METHODS = ("baseline", "dfp", "random_prune", "wus", "wus_lr")  # what they decide follows from the epoch and the lr
+ALL_METHODS = (*METHODS, "infobatch")  # infobatch's candidates follow from the losses: checked by check_infobatch
 # 600 = 18 batches of 32 + 24: every full epoch ends with a partial batch; a DFP pruning epoch 500 = 15 x 32 + 20.
 # 4 of the model's 10 classes, far apart in colour: LeNet learns them from any seed (with all 10, some seeds stall
 # for epochs with two close colours confused, and a perturbed run then ends elsewhere).
@@ -34,7 +36,9 @@ KNOBS = {
     "random_prune": PRUNING,
     "wus": ALWAYS_STABLE | dict(patience=100),
     "wus_lr": ALWAYS_STABLE | dict(lr_fallback="one_epoch"),
+    "infobatch": dict(prune_ratio=0.5, delta=0.75),  # prunes epochs 2-6 (floor(0.75 * 8)), trains 7-8 whole
 }
+INFOBATCH_PRUNES = [False, True, True, True, True, True, False, False]
 # what a method decides and what the loop counts
 DECISIONS = ("epoch", "lr", "trained_samples", "train_flops", "pruned_samples", "phase", "updated_params")
 # normal training (the full batches; the other sizes), evaluation, skip training (both): under recompile_limit (8)
@@ -124,7 +128,7 @@ def test_each_method_decides_under_compile_and_bf16_as_in_eager_fp32(method):
         assert [row["phase"] for row in compiled.history] == [0, 0, 0, 0, 0, 1, 0, 1]
 
 
-SETTINGS = [(m, True, "bf16") for m in METHODS] + [("dfp", False, "bf16"), ("dfp", True, "off")]
+SETTINGS = [(m, True, "bf16") for m in ALL_METHODS] + [("dfp", False, "bf16"), ("dfp", True, "off")]
 
 
 @pytest.mark.parametrize(("method", "compile", "amp"), SETTINGS)
@@ -136,6 +140,26 @@ def test_compile_and_bf16_reach_the_eager_fp32_accuracy(method, compile, amp):
     assert eager.history[-1]["test_acc"] >= 95  # the reference learns the task
     assert other.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
     assert other.history[-1]["train_loss"] < 0.1 * other.history[0]["train_loss"]
+
+
+def check_infobatch(eager: Run, compiled: Run) -> None:
+    """InfoBatch under compile and bf16 prunes in the epochs eager fp32 does, half of its candidates each time, with
+    counts within 10% of the set of eager's (which losses fall below the mean moves with the rounding), trains the
+    annealing epochs whole, and compiles nothing after its first weighted epoch though every pruning epoch ends on
+    another partial batch."""
+    for run_ in (eager, compiled):
+        rows = run_.history
+        assert [row["pruned_samples"] > 0 for row in rows] == INFOBATCH_PRUNES
+        assert all(row["trained_samples"] + row["pruned_samples"] == len(TRAIN.labels) for row in rows)
+        assert all(row["pruned_samples"] == row["candidates"] - row["candidates"] // 2 for row in rows)
+    for a, b in zip(eager.history, compiled.history, strict=True):
+        assert abs(a["pruned_samples"] - b["pruned_samples"]) <= 0.1 * len(TRAIN.labels), f"epoch {a['epoch']}"
+    assert len({row["trained_samples"] % 32 for row in compiled.history}) > 3  # last batches of 4+ sizes (batch 32)
+    assert compiled.graphs[2:] == [compiled.graphs[1]] * 6, "an epoch after the second compiled"
+
+
+def test_infobatch_under_compile_and_bf16_prunes_as_eager_fp32_without_recompiling():
+    check_infobatch(run("infobatch", False, "off"), run("infobatch", True, "bf16"))
 
 
 def test_compiled_fp32_computes_the_eager_losses_up_to_float_rounding():
@@ -165,7 +189,7 @@ def test_compiled_dfp_in_fp32_counts_and_prunes_as_eager():
     assert all(torch.equal(a, b) for a, b in zip(eager.counts, compiled.counts, strict=True))
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ALL_METHODS)
 def test_a_kind_of_epoch_seen_before_compiles_nothing(method):
     """The graphs a run compiles stop growing once each kind of epoch (its batch sizes, its trainable parameters)
     has run: DFP's shorter epochs and last partial batches reuse the dynamic-batch graph, and WUS's phase flips

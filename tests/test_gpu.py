@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from test_compile import (
     METHODS,
     check_each_kind_of_epoch_compiles_once,
+    check_infobatch,
     check_skip_epochs_change_only_the_kept_bias,
     decisions,
     run,
@@ -63,6 +64,14 @@ def test_compiled_bf16_training_on_the_gpu_decides_and_learns_as_eager_fp32(meth
     check_each_kind_of_epoch_compiles_once(compiled, most=7)
     if method.startswith("wus"):
         check_skip_epochs_change_only_the_kept_bias(compiled)
+
+
+def test_infobatch_compiled_in_bf16_on_the_gpu_prunes_and_learns_as_eager_fp32():
+    """InfoBatch's selection (below-mean scores, a draw from its own generator on the device) and weighted losses on
+    the GPU, under tests/test_compile.py's checks for it."""
+    eager, compiled = run("infobatch", False, "off", "cuda"), run("infobatch", True, "bf16", "cuda")
+    assert compiled.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
+    check_infobatch(eager, compiled)
 
 
 def test_an_epoch_on_the_gpu_is_timed_between_device_synchronisations(monkeypatch):

@@ -41,6 +41,11 @@ def test_quick_mode_trains_every_method_eager_and_compiled(quick):
     for compile in ("False", "True"):  # 80 samples; epoch 1 prunes 30%
         assert (dfp[compile, "1"]["samples"], dfp[compile, "1"]["pruned"]) == ("56", "24")
         assert (dfp[compile, "2"]["samples"], dfp[compile, "2"]["pruned"]) == ("80", "0")
+    infobatch = {(r["compile"], r["epoch"]): r for r in rows if r["method"] == "infobatch"}
+    for compile in ("False", "True"):  # epoch 1 has no candidate; epoch 2 leaves out half of those below the mean
+        assert (infobatch[compile, "1"]["samples"], infobatch[compile, "1"]["pruned"]) == ("80", "0")
+        assert int(infobatch[compile, "2"]["pruned"]) > 0
+        assert int(infobatch[compile, "2"]["samples"]) + int(infobatch[compile, "2"]["pruned"]) == 80
     compiled = [r for r in rows if r["compile"] == "True"]
     assert int(compiled[0]["graphs"]) >= 1  # the first compiled run compiles; all compiled runs share the model
     assert all(int(r["graphs"]) <= 8 for r in compiled)
@@ -55,6 +60,16 @@ def test_quick_mode_measures_concurrent_processes_and_names_the_n_that_pays(quic
     assert len(pays) == 1 and f"lenet: N = {pays[0]} pays" in printed
     assert "cuda tests: skipped" in printed
     assert (out / "gpu_check.txt").read_text().strip() == printed.strip()
+
+
+def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(tmp_path):
+    command = [sys.executable, str(SCRIPT), str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
+    done = subprocess.run([*command, "--sections", "methods"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.txt", "methods.csv"]
+    assert "cuda tests" not in done.stdout and "images/s" not in done.stdout
+    wrong = subprocess.run([*command, "--sections", "speed"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "invalid choice: 'speed'" in wrong.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

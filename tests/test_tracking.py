@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from test_reliability import (
     ONE_THREAD,
@@ -30,7 +31,15 @@ from test_reliability import (
 from cheaptrain import UserError
 from cheaptrain.data import prepared_digest
 from cheaptrain.prepare import write_prepared
-from cheaptrain.tracking import EXPERIMENT_KIND, DatasetRef, Interrupts, RunTracker, dataset_ref, ensure_experiment
+from cheaptrain.tracking import (
+    EXPERIMENT_KIND,
+    DatasetRef,
+    Interrupts,
+    RunTracker,
+    dataset_ref,
+    device_name,
+    ensure_experiment,
+)
 
 from conftest import REPO, read_csv, run_in, synthetic_split
 
@@ -307,6 +316,32 @@ def test_the_download_stage_logs_source_checksum_counts_and_seconds(tmp_path, em
     assert logged.dataset.digest == prepared_digest(tmp_path / "data" / "prepared" / "cifar10")
 
 
+_WITHOUT_MLFLOW = """
+import runpy, sys
+sys.modules["mlflow"] = sys.modules["dvc"] = None  # as on a machine that has PyTorch alone: importing them fails
+sys.argv = sys.argv[1:]  # the script, then its arguments
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-mlflow"]])
+def test_the_download_stage_prepares_the_data_where_mlflow_is_missing_or_not_wanted(tmp_path, flag):
+    """A GPU machine with PyTorch alone prepares the data it trains on with the stage itself, and writes no store."""
+    from test_experiments import tiny_archive
+
+    archive = tiny_archive(tmp_path / "tiny.tar.gz", {"train": 3, "test": 2})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",))))
+    python = [sys.executable] if flag else [sys.executable, "-c", _WITHOUT_MLFLOW]
+    command = [*python, str(REPO / "stages" / "download.py"), "--dataset", "cifar10", *flag]
+    env = os.environ | {"CIFAR10_SOURCE": str(archive), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert ("MLflow is not installed: the download is not tracked" in done.stderr) == (not flag)
+    assert "cifar10: train 30, test 20 images from" in done.stdout and "MLflow:" not in done.stdout
+    assert prepared_digest(tmp_path / "data" / "prepared" / "cifar10")
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+
+
 def test_the_check_stage_logs_each_threshold_value_limit_and_verdict(tmp_path, monkeypatch, empty_store):
     from mlflow import MlflowClient
     from test_check import THRESHOLDS, bad, gate
@@ -372,3 +407,17 @@ def test_a_signal_during_a_store_write_interrupts_once_the_write_is_done():
             time.sleep(5)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_run_on_the_default_device_auto_is_recorded_under_the_gpus_name_where_there_is_one(monkeypatch):
+    """params.yaml's `train.device: auto` trains on CUDA where there is one: run.json, the MLflow tag and the ledger
+    name that GPU, not this machine's CPU."""
+    cpu = device_name("cpu")
+    assert cpu.startswith("cpu: ")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_name("auto") == cpu
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: f"GPU of {device}")
+    assert device_name("auto") == "GPU of cuda"
+    assert device_name("cuda:1") == "GPU of cuda:1"
+    assert device_name("cpu") == cpu

@@ -333,8 +333,11 @@ def git_commit() -> str:
 
 
 def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's and its core count, of a `train.device` setting ("auto" as the trainer reads it)."""
     import torch
 
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
     with contextlib.suppress(OSError):
