@@ -148,7 +148,8 @@ def cuda_tests(report: Report, device: torch.device) -> bool:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                               env=os.environ | {"PYTHONPATH": paths}, timeout=TESTS_TIMEOUT_S)  # fmt: skip
     except subprocess.TimeoutExpired as hung:
-        (report.out / "cuda_tests.log").write_text(str(hung.stdout or "") + str(hung.stderr or ""))
+        output = b"".join(part or b"" for part in (hung.stdout, hung.stderr))  # bytes here, even with text=True
+        (report.out / "cuda_tests.log").write_text(output.decode(errors="replace"))
         report.say(f"cuda tests: FAILED: still running after {TESTS_TIMEOUT_S} s -> {report.out / 'cuda_tests.log'}")
         return False
     (report.out / "cuda_tests.log").write_text(done.stdout + done.stderr)

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py, checked on the CPU in its --quick mode: every section runs and writes its table."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -70,6 +71,24 @@ def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(t
     assert "cuda tests" not in done.stdout and "images/s" not in done.stdout
     wrong = subprocess.run([*command, "--sections", "speed"], capture_output=True, text=True)
     assert wrong.returncode == 2 and "invalid choice: 'speed'" in wrong.stderr
+
+
+def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+
+    def hang(command, **kwargs):  # what subprocess.run raises at its timeout: the output so far, as bytes
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"], output=b"tests/test_gpu.py ..", stderr=b"stuck")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", hang)
+    report = gpu_check.Report(tmp_path)
+    assert gpu_check.cuda_tests(report, torch.device("cuda")) is False
+    assert (tmp_path / "cuda_tests.log").read_text() == "tests/test_gpu.py ..stuck"
+    assert (
+        f"cuda tests: FAILED: still running after {gpu_check.TESTS_TIMEOUT_S} s"
+        in (tmp_path / "gpu_check.txt").read_text()
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
