@@ -20,9 +20,12 @@ Writes under the folder OUT, and prints:
                    --threads), for the small models (lenet, alexnet); timed from the first process's start to the
                    last one's end, after all have warmed up
   gpu_check.txt    everything printed
-The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. The exit status is
-1 when the cuda tests fail (or take over 8 minutes). `--sections` runs some of the four parts (default: all), to fit
-a machine that limits each command's time: e.g. `--sections tests`, then `--sections throughput methods`.
+  errors.log       the traceback of each setting, method or model that failed (written only where one did)
+The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
+model that fails is printed as FAILED, with an empty rate in its row, and the check goes on to the next; each table
+is rewritten after every row, so a check stopped midway leaves what it measured. The exit status is 1 when the cuda
+tests fail (or take over 8 minutes) or anything failed. `--sections` runs some of the four parts (default: all), to
+fit a machine that limits each command's time: e.g. `--sections tests`, then `--sections throughput methods`.
 
 `--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
 N = 1, 2.
@@ -58,7 +61,7 @@ try:
 except ModuleNotFoundError as missing:  # the project's light dependencies: no MLflow, no DVC
     sys.exit(f"error: gpu_check needs PyTorch, numpy, PyYAML and tqdm: {missing}")
 
-MODELS = ("lenet", "alexnet", "vgg11", "vgg16", "resnet18", "wrn16")
+MODELS = ("resnet18", "lenet", "alexnet", "vgg11", "vgg16", "wrn16")  # resnet18 first: the issue's target
 SMALL_MODELS = ("lenet", "alexnet")  # the concurrency measurement: models too small to fill the device alone
 METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip before epoch 5, so it trains normally
     "dfp": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
@@ -115,23 +118,40 @@ def steady_rate(cfg: RunConfig, sizes: Sizes) -> tuple[float, float]:
 
 
 class Report:
-    """Prints, and keeps what it printed for gpu_check.txt; writes the CSV files."""
+    """Prints, and keeps what it printed for gpu_check.txt; writes the CSV files and the failures' tracebacks."""
 
     def __init__(self, out: Path) -> None:
         self.out, self.log = out, out / "gpu_check.txt"
         self.log.write_text("")
+        (out / "errors.log").unlink(missing_ok=True)  # a folder used again: only this check's failures
+        self.failures = 0
 
     def say(self, line: str = "") -> None:
         print(line, flush=True)
         with open(self.log, "a") as f:
             f.write(line + "\n")
 
-    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def write(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """(Re)write the table `name`: called after every row, so that a check stopped midway keeps its rows."""
+        if not rows:
+            return
+        fields = list(dict.fromkeys(key for row in rows for key in row))  # a failed row adds "error"
         with open(self.out / name, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
-        self.say(f"-> {self.out / name}")
+
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        self.write(name, rows)
+        self.say(f"-> {self.out / name}" if rows else f"-> nothing to write to {name}")
+
+    def failed(self, what: str, error: BaseException) -> str:
+        """Count the failure, append its traceback to errors.log; return its one-line summary."""
+        self.failures += 1
+        with open(self.out / "errors.log", "a") as f:
+            f.write(f"== {what}\n{''.join(traceback.format_exception(error))}\n")
+        summary = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        return f"FAILED: {summary[:160]} (-> {self.out / 'errors.log'})"
 
 
 def cuda_tests(report: Report, device: torch.device) -> bool:
@@ -167,12 +187,20 @@ def throughput(report: Report, device: torch.device, models: list[str], sizes: S
         for compile in (False, True):
             for amp in ("off", "bf16"):
                 torch._dynamo.reset()  # each compiled setting starts empty, far from the recompile limit
-                rate, first = steady_rate(config(model, str(device), compile, amp, sizes.batch), sizes)
                 setting = f"{'compiled' if compile else 'eager'} {'bf16' if amp == 'bf16' else 'fp32'}"
-                report.say(f"{model:10} {setting:14} {rate:10.0f} {first:8.1f}")
-                rows.append({"model": model, "compile": compile, "amp": "bf16" if amp == "bf16" else "fp32",
-                             "batch": sizes.batch, "images_per_s": round(rate, 1), "first_epoch_s": round(first, 2),
-                             "device": device_name(device)})  # fmt: skip
+                row = {"model": model, "compile": compile, "amp": "bf16" if amp == "bf16" else "fp32",
+                       "batch": sizes.batch, "images_per_s": "", "first_epoch_s": "",
+                       "device": device_name(device)}  # fmt: skip
+                try:
+                    rate, first = steady_rate(config(model, str(device), compile, amp, sizes.batch), sizes)
+                except Exception as error:  # the next settings still run; the table says which failed
+                    row["error"] = report.failed(f"throughput: {model} {setting}", error)
+                    report.say(f"{model:10} {setting:14} {row['error']}")
+                else:
+                    row |= {"images_per_s": round(rate, 1), "first_epoch_s": round(first, 2)}
+                    report.say(f"{model:10} {setting:14} {rate:10.0f} {first:8.1f}")
+                rows.append(row)
+                report.write("throughput.csv", rows)
     report.table("throughput.csv", rows)
 
 
@@ -186,18 +214,26 @@ def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
         torch._dynamo.reset()
         for name in METHODS:
             graphs_before = counters["stats"]["unique_graphs"]
+            setting = "compiled" if compile else "eager"
             cfg = config("lenet", str(device), compile, "auto", sizes.batch, epochs=2, method=name)
-            for epoch in fit(cfg, train, test, create_method(name, cfg.method_args)):
-                graphs = counters["stats"]["unique_graphs"] - graphs_before  # compiled in this run, so far
-                row = {"method": name, "compile": compile, "epoch": epoch["epoch"],
-                       "samples": epoch["trained_samples"], "pruned": epoch.get("pruned_samples", 0),
-                       "phase": epoch.get("phase", ""), "train_loss": round(epoch["train_loss"], 4),
-                       "test_acc": epoch["test_acc"], "epoch_train_s": round(epoch["epoch_train_s"], 3),
-                       "graphs": graphs if compile else ""}  # fmt: skip
-                rows.append(row)
-                report.say(f"{name:14} {'compiled' if compile else 'eager':9} {row['epoch']:5} {row['samples']:7} "
-                           f"{row['pruned']:6} {row['phase']!s:5} {row['train_loss']:6.3f} {row['test_acc']:5.1f} "
-                           f"{row['epoch_train_s']:8.3f} {row['graphs']!s:>6}")  # fmt: skip
+            try:
+                for epoch in fit(cfg, train, test, create_method(name, cfg.method_args)):
+                    graphs = counters["stats"]["unique_graphs"] - graphs_before  # compiled in this run, so far
+                    row = {"method": name, "compile": compile, "epoch": epoch["epoch"],
+                           "samples": epoch["trained_samples"], "pruned": epoch.get("pruned_samples", 0),
+                           "phase": epoch.get("phase", ""), "train_loss": round(epoch["train_loss"], 4),
+                           "test_acc": epoch["test_acc"], "epoch_train_s": round(epoch["epoch_train_s"], 3),
+                           "graphs": graphs if compile else ""}  # fmt: skip
+                    rows.append(row)
+                    report.write("methods.csv", rows)
+                    report.say(f"{name:14} {setting:9} {row['epoch']:5} {row['samples']:7} {row['pruned']:6} "
+                               f"{row['phase']!s:5} {row['train_loss']:6.3f} {row['test_acc']:5.1f} "
+                               f"{row['epoch_train_s']:8.3f} {row['graphs']!s:>6}")  # fmt: skip
+            except Exception as error:  # the next methods still run
+                failure = report.failed(f"methods: {name} {setting}", error)
+                rows.append({"method": name, "compile": compile, "error": failure})
+                report.write("methods.csv", rows)
+                report.say(f"{name:14} {setting:9} {failure}")
     report.table("methods.csv", rows)
 
 
@@ -246,11 +282,16 @@ def concurrency(report: Report, device: torch.device, models: list[str], sizes: 
                "eager, the device's default autocast)")  # fmt: skip
     rows = []
     for model in models:
-        rates = {n: aggregate_rate(model, device, sizes, n, threads) for n in sizes.processes}
+        try:
+            rates = {n: aggregate_rate(model, device, sizes, n, threads) for n in sizes.processes}
+        except Exception as error:  # the next model still runs
+            report.say(f"{model}: {report.failed(f'concurrency: {model}', error)}")
+            continue
         pays = min(n for n, rate in rates.items() if rate >= PAYS_WITHIN * max(rates.values()))
         for n, rate in rates.items():
             rows.append({"model": model, "processes": n, "images_per_s": round(rate, 1),
                          "vs_one_process": round(rate / rates[1], 2), "pays": n == pays})  # fmt: skip
+        report.write("concurrency.csv", rows)
         line = ", ".join(f"N = {n}: {rate:.0f} ({rate / rates[1]:.2f}x)" for n, rate in rates.items())
         report.say(f"{model}: {line}")
         report.say(f"{model}: N = {pays} pays ({rates[pays] / rates[1]:.2f}x the images/s of one process)")
@@ -299,7 +340,9 @@ def main() -> None:
             report.say()
             section()
     report.say(f"({time.perf_counter() - started:.0f} s in all)")
-    sys.exit(0 if passed else 1)
+    if report.failures:
+        report.say(f"{report.failures} failed: their tracebacks are in {report.out / 'errors.log'}")
+    sys.exit(0 if passed and not report.failures else 1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from cheaptrain.methods import METHODS
+from cheaptrain.methods import METHODS, create_method
+from cheaptrain.trainer import fit
 
 from conftest import REPO, read_csv
 
@@ -74,9 +75,7 @@ def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(t
 
 
 def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_gpu_check()
 
     def hang(command, **kwargs):  # what subprocess.run raises at its timeout: the output so far, as bytes
         raise subprocess.TimeoutExpired(command, kwargs["timeout"], output=b"tests/test_gpu.py ..", stderr=b"stuck")
@@ -89,6 +88,57 @@ def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path
         f"cuda tests: FAILED: still running after {gpu_check.TESTS_TIMEOUT_S} s"
         in (tmp_path / "gpu_check.txt").read_text()
     )
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path, monkeypatch):
+    gpu_check = load_gpu_check()
+    measure = gpu_check.steady_rate
+
+    def compile_breaks(cfg, sizes):  # as a compiler error on a new device would
+        if cfg.compile:
+            raise RuntimeError("inductor: no kernel for this device\nmore detail")
+        return measure(cfg, sizes)
+
+    def dfp_breaks(name, knobs):
+        if name == "dfp":
+            raise ValueError("dfp: a broken method")
+        return create_method(name, knobs)
+
+    def compiled_fit_breaks(cfg, *args):
+        if cfg.compile:
+            raise RuntimeError("inductor: no kernel for this device")
+        return fit(cfg, *args)
+
+    monkeypatch.setattr(gpu_check, "steady_rate", compile_breaks)
+    monkeypatch.setattr(gpu_check, "METHODS", {"dfp": None, "baseline": None})
+    monkeypatch.setattr(gpu_check, "create_method", dfp_breaks)
+    monkeypatch.setattr(gpu_check, "fit", compiled_fit_breaks)
+    report = gpu_check.Report(tmp_path)
+    gpu_check.throughput(report, torch.device("cpu"), ["lenet"], gpu_check.QUICK)
+    rows = read_csv(tmp_path / "throughput.csv")
+    assert [(r["compile"], r["amp"], bool(r["images_per_s"]), bool(r["error"])) for r in rows] == [
+        ("False", "fp32", True, False), ("False", "bf16", True, False),
+        ("True", "fp32", False, True), ("True", "bf16", False, True),
+    ]  # fmt: skip
+    assert rows[2]["error"].startswith("FAILED: RuntimeError: inductor: no kernel for this device (-> ")
+    gpu_check.methods(report, torch.device("cpu"), gpu_check.QUICK)
+    rows = read_csv(tmp_path / "methods.csv")
+    assert [(r["method"], r["compile"], r["epoch"], bool(r["error"])) for r in rows] == [
+        ("dfp", "False", "", True), ("baseline", "False", "1", False), ("baseline", "False", "2", False),
+        ("dfp", "True", "", True), ("baseline", "True", "", True),
+    ]  # fmt: skip
+    assert report.failures == 5
+    errors = (tmp_path / "errors.log").read_text()
+    assert errors.count("Traceback") == 5 and "== methods: dfp compiled" in errors and "more detail" in errors
+    printed = (tmp_path / "gpu_check.txt").read_text()
+    assert "lenet      compiled bf16  FAILED: RuntimeError: inductor" in printed
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
