@@ -25,7 +25,8 @@ The line "<model>: N = k pays" names the smallest N within 5% of the best aggreg
 model that fails is printed as FAILED, with an empty rate in its row, and the check goes on to the next; each table
 is rewritten after every row, so a check stopped midway leaves what it measured. The exit status is 1 when the cuda
 tests fail (or take over 8 minutes) or anything failed. `--sections` runs some of the four parts (default: all), to
-fit a machine that limits each command's time: e.g. `--sections tests`, then `--sections throughput methods`.
+fit a machine that limits each command's time: e.g. `--sections tests`, `--sections throughput`, then
+`--sections methods concurrency`.
 
 `--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
 N = 1, 2.
