@@ -1,5 +1,5 @@
-"""End to end under load (issue 14): the quick setting's runs, trained while a busy loop occupies a core, give exactly
-the figures the gate reads of the unloaded runs (the `quick` fixture's), and pass the gate. No time figure decides
+"""End to end under load (issue 14): the quick setting's DFP and WUS runs, trained while a busy loop occupies a core,
+give exactly the figures the gate reads of the unloaded runs (the `quick` fixture's), and pass the gate. No time figure decides
 anything here; benchmarks/noise.py prints the time figures of both side by side."""
 
 import json
@@ -17,6 +17,7 @@ from conftest import REPO, copy_repo, read_csv, run_in
 pytestmark = pytest.mark.e2e
 
 RUNS = [("dfp", "baseline"), ("dfp", "dfp"), ("wus", "baseline"), ("wus", "wus")]
+LOADED = [("dfp", "dfp"), ("wus", "wus")]  # the methods train loaded; their baselines are the quick fixture's
 EXACT = (  # summary columns that a loaded machine must not move by a single digit
     "acc_mean", "final_acc_mean", "best3_acc_mean", "compute_saving_pct_mean", "sample_saving_pct_mean",
     "updated_params_reduction_pct_mean",
@@ -43,9 +44,9 @@ def copy_of(quick: Path, dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def loaded(quick, tmp_path_factory):
-    """A copy of the repository on the quick setting with a grid of RUNS, aggregated: the first run, trained unloaded,
-    is the quick fixture's; the train stage trains the others one after another while a busy loop occupies a core,
-    from the start of the second run to the end of the fourth."""
+    """A copy of the repository on the quick setting with a grid of RUNS, aggregated: the baselines, trained unloaded,
+    are the quick fixture's; the train stage trains the methods (LOADED) one after another while a busy loop occupies
+    a core, from the start of the first to the end of the last."""
     from dvc.utils.hydra import apply_overrides
 
     from cheaptrain.quick import overrides
@@ -53,11 +54,13 @@ def loaded(quick, tmp_path_factory):
     repo = copy_of(quick, tmp_path_factory.mktemp("loaded"))
     grid = [f"grid.{study}.methods=[{','.join(m for s, m in RUNS if s == study)}]" for study in ("dfp", "wus")]
     apply_overrides(repo / "params.yaml", [*overrides(yaml.safe_load((repo / "params.quick.yaml").read_text())), *grid])
-    first = Path("runs", RUNS[0][0], f"cifar10-lenet-{RUNS[0][1]}-s0")
-    shutil.copytree(quick / first, repo / first)
+    for study, method in RUNS:
+        if (study, method) not in LOADED:
+            run = Path("runs", study, f"cifar10-lenet-{method}-s0")
+            shutil.copytree(quick / run, repo / run)
     busy = busy_core()
     try:
-        for study, method in RUNS[1:]:
+        for study, method in LOADED:
             run_in(repo, "python", "stages/train.py", "--study", study, "--dataset", "cifar10", "--model", "lenet",
                    "--method", method, "--seed", "0", "--no-mlflow", env=ENV)  # fmt: skip
         assert busy.poll() is None, f"the busy loop ended (exit {busy.returncode}) before the runs it was to load"
@@ -69,7 +72,7 @@ def loaded(quick, tmp_path_factory):
 
 
 def test_the_loaded_runs_trained_with_the_threads_of_the_unloaded_ones(quick, loaded):
-    for study, method in RUNS[1:]:
+    for study, method in LOADED:
         name = f"cifar10-lenet-{method}-s0"
         ours, theirs = (json.loads((r / "runs" / study / name / "run.json").read_text()) for r in (loaded, quick))
         assert ours["threads"] == theirs["threads"], f"{study}/{name}: the thread count changes the float rounding"
