@@ -1,6 +1,6 @@
 """End to end under load (issue 14): the quick setting's DFP and WUS runs, trained while a busy loop occupies a core,
-give exactly the figures the gate reads of the unloaded runs (the `quick` fixture's), and pass the gate. No time figure decides
-anything here; benchmarks/noise.py prints the time figures of both side by side."""
+give exactly the figures the gate reads of the unloaded runs (the `quick` fixture's), and pass the gate. No time
+figure decides anything here; benchmarks/noise.py prints the time figures of both side by side."""
 
 import json
 import os

@@ -3,8 +3,10 @@ imports, and the root's small helpers behave."""
 
 import argparse
 import ast
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,9 +61,13 @@ def test_the_modules_import_each_other_without_a_cycle():
 def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
     modules = sorted(module_name(p) for p in PACKAGE.rglob("*.py"))
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
-    for module in modules:  # each alone: one that only imports after another would fail here
-        done = subprocess.run([sys.executable, "-c", code, module], capture_output=True, text=True)
-        assert done.returncode == 0, f"{module}: {done.stderr[-2000:]}"
+
+    def import_alone(module: str) -> subprocess.CompletedProcess:  # one that only imports after another fails here
+        return subprocess.run([sys.executable, "-c", code, module], capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:  # one interpreter per core at a time
+        for module, done in zip(modules, pool.map(import_alone, modules), strict=True):
+            assert done.returncode == 0, f"{module}: {done.stderr[-2000:]}"
 
 
 def stage_code(script: Path) -> set[str]:
