@@ -151,8 +151,8 @@ class Report:
         self.failures += 1
         with open(self.out / "errors.log", "a") as f:
             f.write(f"== {what}\n{''.join(traceback.format_exception(error))}\n")
-        summary = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        return f"FAILED: {summary[:160]} (-> {self.out / 'errors.log'})"
+        first_line = next(iter(str(error).strip().splitlines()), "")
+        return f"FAILED: {f'{type(error).__name__}: {first_line}'[:160]} (-> {self.out / 'errors.log'})"
 
 
 def cuda_tests(report: Report, device: torch.device) -> bool:

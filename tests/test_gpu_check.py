@@ -15,6 +15,14 @@ from conftest import REPO, read_csv
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 
+def load_gpu_check():
+    """The script as a module, to call its sections with parts of it replaced."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
@@ -89,13 +97,6 @@ def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path
         f"cuda tests: FAILED: still running after {gpu_check.TESTS_TIMEOUT_S} s"
         in (tmp_path / "gpu_check.txt").read_text()
     )
-
-
-def load_gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    return gpu_check
 
 
 def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path, monkeypatch):
