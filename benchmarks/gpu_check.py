@@ -142,8 +142,8 @@ class Report:
             writer.writeheader()
             writer.writerows(rows)
 
-    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
-        self.write(name, rows)
+    def written(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """Say where the section's table is (each row was written as it came)."""
         self.say(f"-> {self.out / name}" if rows else f"-> nothing to write to {name}")
 
     def failed(self, what: str, error: BaseException) -> str:
@@ -202,7 +202,7 @@ def throughput(report: Report, device: torch.device, models: list[str], sizes: S
                     report.say(f"{model:10} {setting:14} {rate:10.0f} {first:8.1f}")
                 rows.append(row)
                 report.write("throughput.csv", rows)
-    report.table("throughput.csv", rows)
+    report.written("throughput.csv", rows)
 
 
 def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
@@ -235,7 +235,7 @@ def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
                 rows.append({"method": name, "compile": compile, "error": failure})
                 report.write("methods.csv", rows)
                 report.say(f"{name:14} {setting:9} {failure}")
-    report.table("methods.csv", rows)
+    report.written("methods.csv", rows)
 
 
 def worker(model: str, device: str, sizes: Sizes, threads: int, barrier: Any, results: Any) -> None:
@@ -296,7 +296,7 @@ def concurrency(report: Report, device: torch.device, models: list[str], sizes: 
         line = ", ".join(f"N = {n}: {rate:.0f} ({rate / rates[1]:.2f}x)" for n, rate in rates.items())
         report.say(f"{model}: {line}")
         report.say(f"{model}: N = {pays} pays ({rates[pays] / rates[1]:.2f}x the images/s of one process)")
-    report.table("concurrency.csv", rows)
+    report.written("concurrency.csv", rows)
 
 
 def device_name(device: torch.device) -> str:
