@@ -2,7 +2,7 @@
 on one H100). Needs PyTorch with numpy, PyYAML and tqdm; pytest only for the tests; no MLflow, no DVC.
 
     python benchmarks/gpu_check.py OUT [--device cuda] [--quick] [--models lenet resnet18 ...] [--threads N]
-                                       [--sections tests throughput methods concurrency]
+                                       [--sections tests throughput methods concurrency profile]
 
 Writes under the folder OUT, and prints:
   cuda_tests.log   `pytest -m cuda tests/test_gpu.py` (skipped, saying why, without CUDA or without pytest)
@@ -19,14 +19,18 @@ Writes under the folder OUT, and prints:
                    (N = 1, 2, 4, 8), each eager with the device's default autocast and cores / N CPU threads (or
                    --threads), for the small models (lenet, alexnet); timed from the first process's start to the
                    last one's end, after all have warmed up
+  profile.csv      (section `profile`, on request) per model (default resnet18): images per second of one compiled
+                   epoch under torch.profiler, the device's busy share (its kernels' time over the epoch's: well
+                   below 1 when the device waits on the host) and the kernels launched per batch
+  profile.txt      the top 25 ops of each profiled model by device time and by host time
   gpu_check.txt    everything printed
   errors.log       the traceback of each setting, method or model that failed (written only where one did)
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
 model that fails is printed as FAILED, with an empty rate in its row, and the check goes on to the next; each table
 is rewritten after every row, so a check stopped midway leaves what it measured. The exit status is 1 when the cuda
-tests fail (or take over 8 minutes) or anything failed. `--sections` runs some of the four parts (default: all), to
-fit a machine that limits each command's time: e.g. `--sections tests`, `--sections throughput`, then
-`--sections methods concurrency`.
+tests fail (or take over 8 minutes) or anything failed. `--sections` runs some of the parts (default: all but
+`profile`), to fit a machine that limits each command's time: e.g. `--sections tests`, `--sections throughput`, then
+`--sections methods concurrency`; `--sections profile` says where a step's time goes.
 
 `--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
 N = 1, 2.
@@ -53,6 +57,9 @@ sys.path.insert(0, str(REPO / "src"))
 try:
     import torch
     from torch._dynamo.utils import counters
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     from cheaptrain import positive_int
     from cheaptrain.config import Recipe, RunConfig
@@ -64,6 +71,7 @@ except ModuleNotFoundError as missing:  # the project's light dependencies: no M
 
 MODELS = ("resnet18", "lenet", "alexnet", "vgg11", "vgg16", "wrn16")  # resnet18 first: the issue's target
 SMALL_MODELS = ("lenet", "alexnet")  # the concurrency measurement: models too small to fill the device alone
+PROFILED_MODEL = "resnet18"  # the profile section's model, unless --models names others
 METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip before epoch 5, so it trains normally
     "dfp": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
     "random_prune": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
@@ -71,7 +79,8 @@ METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip b
     "wus_lr": dict(std_window=2),
     "infobatch": dict(delta=1.0),  # epoch 1 has no candidate (equal scores); epoch 2 prunes, weighted
 }
-SECTIONS = ("tests", "throughput", "methods", "concurrency")
+SECTIONS = ("tests", "throughput", "methods", "concurrency", "profile")
+DEFAULT_SECTIONS = SECTIONS[:4]  # profile on request: it explains a rate rather than checks one
 TESTS_TIMEOUT_S = 480  # the cuda tests, so that a hung test leaves time for the report
 WAIT_S = 300  # the longest a concurrency worker waits for the others, or the parent for a worker
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -205,6 +214,50 @@ def throughput(report: Report, device: torch.device, models: list[str], sizes: S
     report.written("throughput.csv", rows)
 
 
+def profile(report: Report, device: torch.device, models: list[str], sizes: Sizes) -> None:
+    """Where a step's time goes, in the GPU runs' setting (compiled, the device's default autocast; eager on a CPU):
+    one steady-state epoch under torch.profiler, after an untimed one. The device's busy share is its kernels' time
+    over the epoch's: well below 1, the device waits on the host (launches, Python), and concurrent runs or fewer
+    launches pay; near 1, the kernels themselves are the cost."""
+    compile = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    report.say(f"one {'compiled' if compile else 'eager'} epoch of {sizes.batches} batches of {sizes.batch} under "
+               "torch.profiler (the profiler's own cost included)")  # fmt: skip
+    report.say(f"{'model':10} {'images/s':>10} {'busy':>6} {'kernels/batch':>14}")
+    rows, tables = [], []
+    for model in models:
+        torch._dynamo.reset()
+        row: dict[str, Any] = {"model": model, "compile": compile, "batch": sizes.batch, "images_per_s": "",
+                               "device_busy_share": "", "kernels_per_batch": "",
+                               "device": device_name(device)}  # fmt: skip
+        try:
+            cfg = config(model, str(device), compile, "auto", sizes.batch)
+            t = prepare(cfg, synthetic_split(sizes.batch * sizes.batches, seed=1), synthetic_split(8, seed=2), Method())
+            train_epoch(t, 1, cfg.recipe.lr)
+            with torch_profile(activities=activities) as profiled:
+                epoch = train_epoch(t, 2, cfg.recipe.lr)
+            averages = profiled.key_averages()
+            kernels = [e for e in profiled.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+        except Exception as error:  # the next model still runs
+            row["error"] = report.failed(f"profile: {model}", error)
+            report.say(f"{model:10} {row['error']}")
+        else:
+            row["images_per_s"] = round(epoch["trained_samples"] / epoch["epoch_train_s"], 1)
+            if kernels:
+                busy = sum(e.self_device_time_total for e in kernels) / 1e6 / epoch["epoch_train_s"]  # us -> s
+                row |= {"device_busy_share": round(busy, 3), "kernels_per_batch": round(len(kernels) / sizes.batches)}
+            report.say(f"{model:10} {row['images_per_s']:10.0f} {row['device_busy_share']!s:>6} "
+                       f"{row['kernels_per_batch']!s:>14}")  # fmt: skip
+            for sort_by in (["self_device_time_total"] if kernels else []) + ["self_cpu_time_total"]:
+                tables.append(f"== {model}, by {sort_by}\n{averages.table(sort_by=sort_by, row_limit=25)}\n")
+            (report.out / "profile.txt").write_text("\n".join(tables))
+        rows.append(row)
+        report.write("profile.csv", rows)
+    report.written("profile.csv", rows)
+    if tables:
+        report.say(f"-> {report.out / 'profile.txt'} (the top ops of each model)")
+
+
 def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
     """Every registered method, 2 epochs, eager then compiled (the graphs: compiled in this run so far)."""
     train, test = synthetic_split(sizes.method_samples, seed=1), synthetic_split(sizes.method_samples // 4, seed=2)
@@ -310,8 +363,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, LeNet only: checks this script")
     parser.add_argument("--models", nargs="+", choices=MODELS, help="throughput models (default: all; --quick: lenet)")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
-                        help="the parts to run (default: all)")  # fmt: skip
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
+                        help="the parts to run (default: all but profile)")  # fmt: skip
     args = parser.parse_args()
     try:
         device = torch.device(args.device)
@@ -334,6 +387,7 @@ def main() -> None:
         "concurrency": lambda: concurrency(
             report, device, [m for m in SMALL_MODELS if m in models] or ["lenet"], sizes, args.threads
         ),
+        "profile": lambda: profile(report, device, args.models or ["lenet" if args.quick else PROFILED_MODEL], sizes),
     }
     for name, section in sections.items():
         if name in args.sections:

@@ -77,10 +77,23 @@ def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(t
     done = subprocess.run([*command, "--sections", "tests"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.txt"] and "cuda tests: skipped" in done.stdout
-    other_sections = ("training images/s", "every method", "N training processes")  # how their output begins
+    other_sections = ("training images/s", "every method", "N training processes", "one eager epoch")  # their starts
     assert not [line for line in done.stdout.splitlines() if line.startswith(other_sections)], done.stdout
     wrong = subprocess.run([*command, "--sections", "speed"], capture_output=True, text=True)
     assert wrong.returncode == 2 and "invalid choice: 'speed'" in wrong.stderr
+
+
+def test_the_profile_section_runs_on_request_and_lists_the_steps_top_ops(quick, tmp_path):
+    assert not (quick[0] / "profile.csv").exists()  # not by default
+    command = [sys.executable, str(SCRIPT), str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
+    done = subprocess.run([*command, "--sections", "profile"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [row] = read_csv(tmp_path / "profile.csv")
+    assert (row["model"], row["compile"], row["batch"]) == ("lenet", "False", "32") and float(row["images_per_s"]) > 0
+    assert row["device_busy_share"] == row["kernels_per_batch"] == ""  # a CPU launches no kernels
+    profiled = (tmp_path / "profile.txt").read_text()
+    assert profiled.startswith("== lenet, by self_cpu_time_total") and "by self_device_time_total" not in profiled
+    assert "Optimizer.step#SGD.step" in profiled and "aten::convolution_backward" in profiled  # a training step
 
 
 def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
