@@ -2,7 +2,7 @@
 on one H100). Needs PyTorch with numpy, PyYAML and tqdm; pytest only for the tests; no MLflow, no DVC.
 
     python benchmarks/gpu_check.py OUT [--device cuda] [--quick] [--models lenet resnet18 ...] [--threads N]
-                                       [--sections tests throughput methods concurrency profile]
+                                       [--sections tests throughput methods concurrency profile tuning]
 
 Writes under the folder OUT, and prints:
   cuda_tests.log   `pytest -m cuda tests/test_gpu.py` (skipped, saying why, without CUDA or without pytest)
@@ -23,14 +23,18 @@ Writes under the folder OUT, and prints:
                    epoch under torch.profiler, the device's busy share (its kernels' time over the epoch's: well
                    below 1 when the device waits on the host) and the kernels launched per batch
   profile.txt      the top 25 ops of each profiled model by device time and by host time
+  tuning.csv       (section `tuning`, on request) per model (default resnet18): images per second of the runs'
+                   setting and of changes to it not yet in the trainer, each against it, as throughput measures them:
+                   fused SGD, compile modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs), a 4x batch
   gpu_check.txt    everything printed
   errors.log       the traceback of each setting, method or model that failed (written only where one did)
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
 model that fails is printed as FAILED, with an empty rate in its row, and the check goes on to the next; each table
 is rewritten after every row, so a check stopped midway leaves what it measured. The exit status is 1 when the cuda
 tests fail (or take over 8 minutes) or anything failed. `--sections` runs some of the parts (default: all but
-`profile`), to fit a machine that limits each command's time: e.g. `--sections tests`, `--sections throughput`, then
-`--sections methods concurrency`; `--sections profile` says where a step's time goes.
+`profile` and `tuning`), to fit a machine that limits each command's time: e.g. `--sections tests`, `--sections
+throughput`, then `--sections methods concurrency`; `--sections profile tuning` says where a step's time goes and
+what would win it back.
 
 `--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
 N = 1, 2.
@@ -65,13 +69,13 @@ try:
     from cheaptrain.config import Recipe, RunConfig
     from cheaptrain.data import Split
     from cheaptrain.methods import METHODS, Method, create_method
-    from cheaptrain.trainer import fit, prepare, train_epoch
+    from cheaptrain.trainer import Training, fit, prepare, train_epoch
 except ModuleNotFoundError as missing:  # the project's light dependencies: no MLflow, no DVC
     sys.exit(f"error: gpu_check needs PyTorch, numpy, PyYAML and tqdm: {missing}")
 
 MODELS = ("resnet18", "lenet", "alexnet", "vgg11", "vgg16", "wrn16")  # resnet18 first: the issue's target
 SMALL_MODELS = ("lenet", "alexnet")  # the concurrency measurement: models too small to fill the device alone
-PROFILED_MODEL = "resnet18"  # the profile section's model, unless --models names others
+FOCUS_MODEL = "resnet18"  # the profile and tuning sections' model, unless --models names others
 METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip before epoch 5, so it trains normally
     "dfp": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
     "random_prune": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
@@ -79,8 +83,8 @@ METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip b
     "wus_lr": dict(std_window=2),
     "infobatch": dict(delta=1.0),  # epoch 1 has no candidate (equal scores); epoch 2 prunes, weighted
 }
-SECTIONS = ("tests", "throughput", "methods", "concurrency", "profile")
-DEFAULT_SECTIONS = SECTIONS[:4]  # profile on request: it explains a rate rather than checks one
+SECTIONS = ("tests", "throughput", "methods", "concurrency", "profile", "tuning")
+DEFAULT_SECTIONS = SECTIONS[:4]  # profile and tuning on request: they explain a rate rather than check one
 TESTS_TIMEOUT_S = 480  # the cuda tests, so that a hung test leaves time for the report
 WAIT_S = 300  # the longest a concurrency worker waits for the others, or the parent for a worker
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -118,13 +122,46 @@ def config(model: str, device: str, compile: bool, amp: str, batch: int, epochs:
                      method_args=METHOD_KNOBS.get(method, {}), device=device, amp=amp, compile=compile)  # fmt: skip
 
 
-def steady_rate(cfg: RunConfig, sizes: Sizes) -> tuple[float, float]:
-    """(images per second in steady state, seconds of the untimed first epoch) of cfg's training loop."""
-    train = synthetic_split(sizes.batch * sizes.batches, seed=1)
+def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) -> tuple[float, float]:
+    """(images per second in steady state, seconds of the untimed first epoch) of cfg's training loop, changed by
+    `variant` if given."""
+    train = synthetic_split(cfg.recipe.batch_size * sizes.batches, seed=1)
     t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
+    if variant is not None:
+        variant.apply(t)
     first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
     rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
     return statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows), first
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A change to the GPU runs' training step, measured here before the trainer takes it."""
+
+    name: str
+    mode: str | None = None  # torch.compile's mode; None: the trainer's own choice (compiled on CUDA, default mode)
+    fused: bool = False  # the SGD step as one fused kernel (torch.optim.SGD(fused=True))
+    batch_factor: int = 1  # a larger batch than the recipe's: how far one run is from filling the device
+
+    def apply(self, t: Training) -> None:
+        """Change a prepared Training before its first epoch."""
+        if self.fused:
+            hyper = {k: t.optimizer.defaults[k] for k in ("lr", "momentum", "weight_decay", "nesterov")}
+            t.optimizer = torch.optim.SGD(t.model.parameters(), **hyper, fused=True)
+        if self.mode:  # keyed as Training.step_model keys it: the parameters that train (all of them here)
+            trainable = tuple(p.requires_grad for p in t.model.parameters())
+            t.step_models[trainable] = torch.compile(t.model, mode=self.mode)
+
+
+VARIANTS = (
+    Variant("as the runs"),
+    Variant("fused SGD", fused=True),
+    Variant("max-autotune", mode="max-autotune-no-cudagraphs"),
+    Variant("CUDA graphs", mode="reduce-overhead"),  # on a CPU: compiled, without graphs
+    Variant("CUDA graphs, fused SGD", mode="reduce-overhead", fused=True),
+    Variant("batch x4", batch_factor=4),
+)
+CUDA_ONLY = ("max-autotune",)  # autotuning a CPU's kernels takes minutes and tells nothing of a GPU
 
 
 class Report:
@@ -258,6 +295,42 @@ def profile(report: Report, device: torch.device, models: list[str], sizes: Size
         report.say(f"-> {report.out / 'profile.txt'} (the top ops of each model)")
 
 
+def tuning(report: Report, device: torch.device, models: list[str], sizes: Sizes) -> None:
+    """Images per second of the runs' setting (compiled on CUDA, the device's default autocast) and of each variant
+    of it, in steady state as `throughput` measures, each against the runs' setting."""
+    report.say(f"variants of the runs' step ({'compiled' if device.type == 'cuda' else 'eager'}, default autocast), "
+               f"batch {sizes.batch} unless said: images/s and against the runs' setting")  # fmt: skip
+    report.say(f"{'model':10} {'variant':24} {'images/s':>10} {'x runs':>7} {'first s':>8}")
+    rows = []
+    for model in models:
+        base = None
+        for variant in VARIANTS:
+            torch._dynamo.reset()
+            batch = sizes.batch * variant.batch_factor
+            row: dict[str, Any] = {"model": model, "variant": variant.name, "batch": batch, "images_per_s": "",
+                                   "vs_runs": "", "first_epoch_s": "", "device": device_name(device)}  # fmt: skip
+            if device.type != "cuda" and variant.name in CUDA_ONLY:
+                report.say(f"{model:10} {variant.name:24} skipped: CUDA only")
+                continue
+            try:
+                rate, first = steady_rate(config(model, str(device), device.type == "cuda", "auto", batch), sizes,
+                                          variant)  # fmt: skip
+            except Exception as error:  # the next variants still run
+                row["error"] = report.failed(f"tuning: {model} {variant.name}", error)
+                report.say(f"{model:10} {variant.name:24} {row['error']}")
+            else:
+                base = base or rate  # the first variant is the runs' own setting
+                row |= {
+                    "images_per_s": round(rate, 1),
+                    "vs_runs": round(rate / base, 2),
+                    "first_epoch_s": round(first, 2),
+                }
+                report.say(f"{model:10} {variant.name:24} {rate:10.0f} {rate / base:7.2f} {first:8.1f}")
+            rows.append(row)
+            report.write("tuning.csv", rows)
+    report.written("tuning.csv", rows)
+
+
 def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
     """Every registered method, 2 epochs, eager then compiled (the graphs: compiled in this run so far)."""
     train, test = synthetic_split(sizes.method_samples, seed=1), synthetic_split(sizes.method_samples // 4, seed=2)
@@ -364,7 +437,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=MODELS, help="throughput models (default: all; --quick: lenet)")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
-                        help="the parts to run (default: all but profile)")  # fmt: skip
+                        help="the parts to run (default: all but profile and tuning)")  # fmt: skip
     args = parser.parse_args()
     try:
         device = torch.device(args.device)
@@ -376,6 +449,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else FULL
     models = args.models or (["lenet"] if args.quick else list(MODELS))
+    focus = args.models or (["lenet"] if args.quick else [FOCUS_MODEL])
     args.out.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
     report.say(f"gpu_check on {device_name(device)}: torch {torch.__version__}, CUDA {torch.version.cuda}")
@@ -387,7 +461,8 @@ def main() -> None:
         "concurrency": lambda: concurrency(
             report, device, [m for m in SMALL_MODELS if m in models] or ["lenet"], sizes, args.threads
         ),
-        "profile": lambda: profile(report, device, args.models or ["lenet" if args.quick else PROFILED_MODEL], sizes),
+        "profile": lambda: profile(report, device, focus, sizes),
+        "tuning": lambda: tuning(report, device, focus, sizes),
     }
     for name, section in sections.items():
         if name in args.sections:

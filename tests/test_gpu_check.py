@@ -77,16 +77,16 @@ def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(t
     done = subprocess.run([*command, "--sections", "tests"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.txt"] and "cuda tests: skipped" in done.stdout
-    other_sections = ("training images/s", "every method", "N training processes", "one eager epoch")  # their starts
+    other_sections = ("training images/s", "every method", "N training processes", "one eager", "variants")  # starts
     assert not [line for line in done.stdout.splitlines() if line.startswith(other_sections)], done.stdout
     wrong = subprocess.run([*command, "--sections", "speed"], capture_output=True, text=True)
     assert wrong.returncode == 2 and "invalid choice: 'speed'" in wrong.stderr
 
 
-def test_the_profile_section_runs_on_request_and_lists_the_steps_top_ops(quick, tmp_path):
-    assert not (quick[0] / "profile.csv").exists()  # not by default
+def test_profile_and_tuning_run_on_request_and_say_where_a_steps_time_goes(quick, tmp_path):
+    assert not {"profile.csv", "tuning.csv"} & {p.name for p in quick[0].iterdir()}  # not by default
     command = [sys.executable, str(SCRIPT), str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
-    done = subprocess.run([*command, "--sections", "profile"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([*command, "--sections", "profile", "tuning"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     [row] = read_csv(tmp_path / "profile.csv")
     assert (row["model"], row["compile"], row["batch"]) == ("lenet", "False", "32") and float(row["images_per_s"]) > 0
@@ -94,6 +94,26 @@ def test_the_profile_section_runs_on_request_and_lists_the_steps_top_ops(quick, 
     profiled = (tmp_path / "profile.txt").read_text()
     assert profiled.startswith("== lenet, by self_cpu_time_total") and "by self_device_time_total" not in profiled
     assert "Optimizer.step#SGD.step" in profiled and "aten::convolution_backward" in profiled  # a training step
+    rows = read_csv(tmp_path / "tuning.csv")
+    assert [(r["variant"], r["batch"]) for r in rows] == [
+        ("as the runs", "32"), ("fused SGD", "32"), ("CUDA graphs", "32"), ("CUDA graphs, fused SGD", "32"),
+        ("batch x4", "128"),
+    ]  # fmt: skip
+    assert rows[0]["vs_runs"] == "1.0" and all(float(r["images_per_s"]) > 0 for r in rows)
+    assert "max-autotune             skipped: CUDA only" in done.stdout
+
+
+def test_a_tuning_variant_changes_the_step_the_loop_runs():
+    """Fused SGD with the recipe's hyperparameters, and the compiled module where Training.step_model looks."""
+    gpu_check = load_gpu_check()
+    cfg = gpu_check.config("lenet", "cpu", False, "off", 8)
+    t = gpu_check.prepare(cfg, gpu_check.synthetic_split(16, 1), gpu_check.synthetic_split(8, 2), gpu_check.Method())
+    before = dict(t.optimizer.defaults)
+    gpu_check.Variant("both", mode="reduce-overhead", fused=True).apply(t)
+    assert t.optimizer.defaults == before | {"fused": True}
+    assert [p for group in t.optimizer.param_groups for p in group["params"]] == list(t.model.parameters())
+    assert isinstance(t.step_model(), torch._dynamo.eval_frame.OptimizedModule)
+    assert t.step_model()._orig_mod is t.model
 
 
 def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
