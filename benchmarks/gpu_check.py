@@ -319,13 +319,11 @@ def tuning(report: Report, device: torch.device, models: list[str], sizes: Sizes
                 row["error"] = report.failed(f"tuning: {model} {variant.name}", error)
                 report.say(f"{model:10} {variant.name:24} {row['error']}")
             else:
-                base = base or rate  # the first variant is the runs' own setting
-                row |= {
-                    "images_per_s": round(rate, 1),
-                    "vs_runs": round(rate / base, 2),
-                    "first_epoch_s": round(first, 2),
-                }
-                report.say(f"{model:10} {variant.name:24} {rate:10.0f} {rate / base:7.2f} {first:8.1f}")
+                if variant == VARIANTS[0]:  # the runs' own setting
+                    base = rate
+                ratio = round(rate / base, 2) if base else ""  # none where the runs' setting failed
+                row |= {"images_per_s": round(rate, 1), "vs_runs": ratio, "first_epoch_s": round(first, 2)}
+                report.say(f"{model:10} {variant.name:24} {rate:10.0f} {ratio!s:>7} {first:8.1f}")
             rows.append(row)
             report.write("tuning.csv", rows)
     report.written("tuning.csv", rows)
@@ -434,7 +432,8 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="folder for the CSV files and the log (created)")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, LeNet only: checks this script")
-    parser.add_argument("--models", nargs="+", choices=MODELS, help="throughput models (default: all; --quick: lenet)")
+    parser.add_argument("--models", nargs="+", choices=MODELS,
+                        help="of throughput (default: all), profile and tuning (resnet18); --quick: lenet")  # fmt: skip
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
                         help="the parts to run (default: all but profile and tuning)")  # fmt: skip
