@@ -55,11 +55,12 @@ class Run:
 
 
 @functools.cache
-def run(method: str, compile: bool, amp: str, device: str = "cpu") -> Run:
-    """8 epochs of `method`, compiled or not, under `amp`; compiling from an empty in-memory cache."""
+def run(method: str, compile: bool, amp: str, device: str = "cpu", **knobs) -> Run:
+    """8 epochs of `method` (its KNOBS, updated by `knobs`), compiled or not, under `amp`; compiling from an empty
+    in-memory cache."""
     cfg = small_config(epochs=8, method=method, lr=0.01, schedule="step", step_size=2, gamma=0.5, milestones=())
     cfg = dataclasses.replace(cfg, compile=compile, amp=amp, device=device)
-    trainer = create_method(method, KNOBS.get(method, {}))
+    trainer = create_method(method, KNOBS.get(method, {}) | knobs)
     result = Run()
     hook = trainer.on_batch_end
 
@@ -170,27 +171,11 @@ def test_infobatch_under_compile_and_bf16_prunes_as_eager_fp32_without_recompili
 def test_a_last_batch_of_one_sample_compiles_one_graph_once():
     """Pruning epochs of 577 samples (18 batches of 32 and one of 1) compile one graph more than pruning epochs of 500
     in the first of them (PyTorch specialises a dynamic size of 1), and nothing after it."""
-    cfg = dataclasses.replace(small_config(epochs=8, method="random_prune", lr=0.01), compile=True)
-    graphs: list[int] = []
-    torch._dynamo.reset()
-    before = counters["stats"]["unique_graphs"]
-    method = create_method("random_prune", PRUNING | dict(prune_num=23))
-
-    def count_graphs(*_) -> None:
-        graphs.append(counters["stats"]["unique_graphs"] - before)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-            history = fit(cfg, TRAIN, TEST, method, on_epoch_end=count_graphs)
-    finally:
-        torch.set_num_threads(threads)
-        torch._dynamo.reset()
-    assert [row["trained_samples"] for row in history] == [600, 577, 600, 577, 600, 600, 600, 577]
+    ones = run("random_prune", True, "off", prune_num=23)
+    assert [row["trained_samples"] for row in ones.history] == [600, 577, 600, 577, 600, 600, 600, 577]
     pruning_by_100 = run("random_prune", True, "off").graphs  # the same epochs, ending on batches of 20
-    assert graphs[:2] == [pruning_by_100[0], pruning_by_100[1] + 1]
-    assert graphs[2:] == [graphs[1]] * 6, "an epoch after the first batch of one sample compiled"
+    assert ones.graphs[:2] == [pruning_by_100[0], pruning_by_100[1] + 1]
+    assert ones.graphs[2:] == [ones.graphs[1]] * 6, "an epoch after the first batch of one sample compiled"
 
 
 def test_compiled_fp32_computes_the_eager_losses_up_to_float_rounding():
