@@ -122,6 +122,12 @@ def config(model: str, device: str, compile: bool, amp: str, batch: int, epochs:
                      method_args=METHOD_KNOBS.get(method, {}), device=device, amp=amp, compile=compile)  # fmt: skip
 
 
+def runs_config(model: str, device: torch.device, batch: int) -> RunConfig:
+    """The GPU runs' setting on `device`: compiled on CUDA (eager on a CPU, where compiling costs more than it
+    tells), the device's default autocast."""
+    return config(model, str(device), device.type == "cuda", "auto", batch)
+
+
 def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) -> tuple[float, float]:
     """(images per second in steady state, seconds of the untimed first epoch) of cfg's training loop, changed by
     `variant` if given."""
@@ -256,19 +262,18 @@ def profile(report: Report, device: torch.device, models: list[str], sizes: Size
     one steady-state epoch under torch.profiler, after an untimed one. The device's busy share is its kernels' time
     over the epoch's: well below 1, the device waits on the host (launches, Python), and concurrent runs or fewer
     launches pay; near 1, the kernels themselves are the cost."""
-    compile = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    report.say(f"one {'compiled' if compile else 'eager'} epoch of {sizes.batches} batches of {sizes.batch} under "
-               "torch.profiler (the profiler's own cost included)")  # fmt: skip
+    report.say(f"one {'compiled' if device.type == 'cuda' else 'eager'} epoch of {sizes.batches} batches of "
+               f"{sizes.batch} under torch.profiler (the profiler's own cost included)")  # fmt: skip
     report.say(f"{'model':10} {'images/s':>10} {'busy':>6} {'kernels/batch':>14}")
     rows, tables = [], []
     for model in models:
         torch._dynamo.reset()
-        row: dict[str, Any] = {"model": model, "compile": compile, "batch": sizes.batch, "images_per_s": "",
+        cfg = runs_config(model, device, sizes.batch)
+        row: dict[str, Any] = {"model": model, "compile": cfg.compile, "batch": sizes.batch, "images_per_s": "",
                                "device_busy_share": "", "kernels_per_batch": "",
                                "device": device_name(device)}  # fmt: skip
         try:
-            cfg = config(model, str(device), compile, "auto", sizes.batch)
             t = prepare(cfg, synthetic_split(sizes.batch * sizes.batches, seed=1), synthetic_split(8, seed=2), Method())
             train_epoch(t, 1, cfg.recipe.lr)
             with torch_profile(activities=activities) as profiled:
@@ -313,8 +318,7 @@ def tuning(report: Report, device: torch.device, models: list[str], sizes: Sizes
                 report.say(f"{model:10} {variant.name:24} skipped: CUDA only")
                 continue
             try:
-                rate, first = steady_rate(config(model, str(device), device.type == "cuda", "auto", batch), sizes,
-                                          variant)  # fmt: skip
+                rate, first = steady_rate(runs_config(model, device, batch), sizes, variant)
             except Exception as error:  # the next variants still run
                 row["error"] = report.failed(f"tuning: {model} {variant.name}", error)
                 report.say(f"{model:10} {variant.name:24} {row['error']}")
