@@ -8,7 +8,8 @@ Writes under the folder OUT, and prints:
   cuda_tests.log   `pytest -m cuda tests/test_gpu.py` (skipped, saying why, without CUDA or without pytest)
   throughput.csv   training images per second per model (lenet, alexnet, vgg11, vgg16, resnet18, wrn16) at batch
                    128, eager and compiled (train.compile), fp32 and bf16 autocast (train.amp; "fp32" convolutions
-                   run in TF32, PyTorch's default): this project's loop (trainer.train_epoch: batches gathered,
+                   run in TF32, PyTorch's default), and on CUDA compiled as CUDA graphs in bf16 (train.compile:
+                   reduce-overhead): this project's loop (trainer.train_epoch: batches gathered,
                    cropped and flipped on the device, per-sample losses, SGD) on synthetic images, in steady state:
                    after an untimed first epoch (compiling, allocating), the median of the timed epochs, each timed
                    between two device synchronisations
@@ -24,8 +25,9 @@ Writes under the folder OUT, and prints:
                    below 1 when the device waits on the host) and the kernels launched per batch
   profile.txt      the top 25 ops of each profiled model by device time and by host time
   tuning.csv       (section `tuning`, on request) per model (default resnet18): images per second of the runs'
-                   setting and of changes to it not yet in the trainer, each against it, as throughput measures them:
-                   fused SGD, compile modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs), a 4x batch
+                   setting and of changes to it, each against it, as throughput measures them: the train.compile
+                   modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs); not yet in the trainer: fused
+                   SGD, cudnn.benchmark (CUDA only), a 4x batch
   gpu_check.txt    everything printed
   errors.log       the traceback of each setting, method or model that failed (written only where one did)
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
@@ -51,7 +53,7 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,8 @@ METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip b
     "wus_lr": dict(std_window=2),
     "infobatch": dict(delta=1.0),  # epoch 1 has no candidate (equal scores); epoch 2 prunes, weighted
 }
+# (train.compile, train.amp) of the throughput table; the last on CUDA only (on a CPU it is the compiled bf16 row)
+THROUGHPUT_SETTINGS = ((False, "off"), (False, "bf16"), (True, "off"), (True, "bf16"), ("reduce-overhead", "bf16"))
 SECTIONS = ("tests", "throughput", "methods", "concurrency", "profile", "tuning")
 DEFAULT_SECTIONS = SECTIONS[:4]  # profile and tuning on request: they explain a rate rather than check one
 TESTS_TIMEOUT_S = 480  # the cuda tests, so that a hung test leaves time for the report
@@ -114,7 +118,9 @@ def synthetic_split(n: int, seed: int) -> Split:
     return Split(images=images.numpy(), labels=labels.numpy(), classes=[f"c{i}" for i in range(10)])
 
 
-def config(model: str, device: str, compile: bool, amp: str, batch: int, epochs: int = 1, method: str = "baseline"):
+def config(
+    model: str, device: str, compile: bool | str, amp: str, batch: int, epochs: int = 1, method: str = "baseline"
+) -> RunConfig:
     """The DFP recipe's optimizer and augmentation (SGD with momentum, crop and flip), at a constant lr."""
     recipe = Recipe(epochs=epochs, batch_size=batch, lr=0.01, momentum=0.9, weight_decay=5e-4, nesterov=False,
                     schedule="multistep", augment=True)  # fmt: skip
@@ -131,43 +137,54 @@ def runs_config(model: str, device: torch.device, batch: int) -> RunConfig:
 def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) -> tuple[float, float]:
     """(images per second in steady state, seconds of the untimed first epoch) of cfg's training loop, changed by
     `variant` if given."""
+    variant = variant or Variant("as configured")
+    cfg = variant.config(cfg)
     train = synthetic_split(cfg.recipe.batch_size * sizes.batches, seed=1)
     t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
-    if variant is not None:
-        variant.apply(t)
-    first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
-    rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
+    variant.apply(t)
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = variant.cudnn_benchmark
+    try:
+        first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
+        rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
     return statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows), first
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A change to the GPU runs' training step, measured here before the trainer takes it."""
+    """A change to the GPU runs' setting (a `train.compile` mode, which the trainer takes) or to their step (not yet
+    in the trainer), measured here."""
 
     name: str
-    mode: str | None = None  # torch.compile's mode; None: the trainer's own choice (compiled on CUDA, default mode)
+    compile: bool | str | None = None  # train.compile; None: the runs' own (compiled on CUDA, default mode)
     fused: bool = False  # the SGD step as one fused kernel (torch.optim.SGD(fused=True))
+    cudnn_benchmark: bool = False  # cuDNN times its algorithms for each new shape and keeps the fastest
     batch_factor: int = 1  # a larger batch than the recipe's: how far one run is from filling the device
+
+    def config(self, cfg: RunConfig) -> RunConfig:
+        """The run's setting under this variant."""
+        return cfg if self.compile is None else replace(cfg, compile=self.compile)
 
     def apply(self, t: Training) -> None:
         """Change a prepared Training before its first epoch."""
         if self.fused:
             hyper = {k: t.optimizer.defaults[k] for k in ("lr", "momentum", "weight_decay", "nesterov")}
             t.optimizer = torch.optim.SGD(t.model.parameters(), **hyper, fused=True)
-        if self.mode:  # keyed as Training.step_model keys it: the parameters that train (all of them here)
-            trainable = tuple(p.requires_grad for p in t.model.parameters())
-            t.step_models[trainable] = torch.compile(t.model, mode=self.mode)
 
 
 VARIANTS = (
     Variant("as the runs"),
     Variant("fused SGD", fused=True),
-    Variant("max-autotune", mode="max-autotune-no-cudagraphs"),
-    Variant("CUDA graphs", mode="reduce-overhead"),  # on a CPU: compiled, without graphs
-    Variant("CUDA graphs, fused SGD", mode="reduce-overhead", fused=True),
+    Variant("cudnn.benchmark", cudnn_benchmark=True),
+    Variant("max-autotune", compile="max-autotune-no-cudagraphs"),
+    Variant("CUDA graphs", compile="reduce-overhead"),  # on a CPU: compiled, without graphs
+    Variant("CUDA graphs, fused SGD", compile="reduce-overhead", fused=True),
+    Variant("graphs, fused, benchmark", compile="reduce-overhead", fused=True, cudnn_benchmark=True),
     Variant("batch x4", batch_factor=4),
 )
-CUDA_ONLY = ("max-autotune",)  # autotuning a CPU's kernels takes minutes and tells nothing of a GPU
+CUDA_ONLY = ("max-autotune", "cudnn.benchmark")  # autotuning a CPU's kernels takes minutes; a CPU has no cuDNN
 
 
 class Report:
@@ -234,26 +251,26 @@ def cuda_tests(report: Report, device: torch.device) -> bool:
 def throughput(report: Report, device: torch.device, models: list[str], sizes: Sizes) -> None:
     report.say(f"training images/s at batch {sizes.batch} (median of {sizes.timed_epochs} epochs of {sizes.batches} "
                "batches after one untimed; first = seconds of that first epoch, compiling included)")  # fmt: skip
-    report.say(f"{'model':10} {'setting':14} {'images/s':>10} {'first s':>8}")
+    report.say(f"{'model':10} {'setting':16} {'images/s':>10} {'first s':>8}")
     rows = []
     for model in models:
-        for compile in (False, True):
-            for amp in ("off", "bf16"):
-                torch._dynamo.reset()  # each compiled setting starts empty, far from the recompile limit
-                setting = f"{'compiled' if compile else 'eager'} {'bf16' if amp == 'bf16' else 'fp32'}"
-                row = {"model": model, "compile": compile, "amp": "bf16" if amp == "bf16" else "fp32",
-                       "batch": sizes.batch, "images_per_s": "", "first_epoch_s": "",
-                       "device": device_name(device)}  # fmt: skip
-                try:
-                    rate, first = steady_rate(config(model, str(device), compile, amp, sizes.batch), sizes)
-                except Exception as error:  # the next settings still run; the table says which failed
-                    row["error"] = report.failed(f"throughput: {model} {setting}", error)
-                    report.say(f"{model:10} {setting:14} {row['error']}")
-                else:
-                    row |= {"images_per_s": round(rate, 1), "first_epoch_s": round(first, 2)}
-                    report.say(f"{model:10} {setting:14} {rate:10.0f} {first:8.1f}")
-                rows.append(row)
-                report.write("throughput.csv", rows)
+        for compile, amp in THROUGHPUT_SETTINGS[: None if device.type == "cuda" else 4]:
+            torch._dynamo.reset()  # each compiled setting starts empty, far from the recompile limit
+            kind = {False: "eager", True: "compiled"}.get(compile, "CUDA graphs")
+            setting = f"{kind} {'bf16' if amp == 'bf16' else 'fp32'}"
+            row = {"model": model, "compile": compile, "amp": "bf16" if amp == "bf16" else "fp32",
+                   "batch": sizes.batch, "images_per_s": "", "first_epoch_s": "",
+                   "device": device_name(device)}  # fmt: skip
+            try:
+                rate, first = steady_rate(config(model, str(device), compile, amp, sizes.batch), sizes)
+            except Exception as error:  # the next settings still run; the table says which failed
+                row["error"] = report.failed(f"throughput: {model} {setting}", error)
+                report.say(f"{model:10} {setting:16} {row['error']}")
+            else:
+                row |= {"images_per_s": round(rate, 1), "first_epoch_s": round(first, 2)}
+                report.say(f"{model:10} {setting:16} {rate:10.0f} {first:8.1f}")
+            rows.append(row)
+            report.write("throughput.csv", rows)
     report.written("throughput.csv", rows)
 
 

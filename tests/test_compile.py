@@ -52,12 +52,13 @@ class Run:
     params: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)  # after each epoch
     counts: list[torch.Tensor] = dataclasses.field(default_factory=list)  # DFP's dropping counts after each epoch
     first_losses: torch.Tensor | None = None  # the per-sample losses of the first batch
+    cudagraph_skips: int = 0  # compiled graphs that inductor was asked to run as CUDA graphs and did not
 
 
 @functools.cache
-def run(method: str, compile: bool, amp: str, device: str = "cpu", **knobs) -> Run:
-    """8 epochs of `method` (its KNOBS, updated by `knobs`), compiled or not, under `amp`; compiling from an empty
-    in-memory cache."""
+def run(method: str, compile: bool | str, amp: str, device: str = "cpu", **knobs) -> Run:
+    """8 epochs of `method` (its KNOBS, updated by `knobs`), compiled or not (or in a torch.compile mode), under
+    `amp`; compiling from an empty in-memory cache."""
     cfg = small_config(epochs=8, method=method, lr=0.01, schedule="step", step_size=2, gamma=0.5, milestones=())
     cfg = dataclasses.replace(cfg, compile=compile, amp=amp, device=device)
     trainer = create_method(method, KNOBS.get(method, {}) | knobs)
@@ -77,12 +78,13 @@ def run(method: str, compile: bool, amp: str, device: str = "cpu", **knobs) -> R
 
     trainer.on_batch_end = keep_first_losses
     torch._dynamo.reset()  # forgets the graphs of earlier runs (the counters keep counting)
-    graphs_before = counters["stats"]["unique_graphs"]
+    graphs_before, skips_before = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a compiled CPU kernel's threads wait for each other: 20x slower on a busy machine
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # no silent fall-back to eager
             result.history = fit(cfg, TRAIN, TEST, trainer, on_epoch_end=record)
+        result.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips_before
     finally:
         torch.set_num_threads(threads)
         torch._dynamo.reset()
@@ -176,6 +178,17 @@ def test_a_last_batch_of_one_sample_compiles_one_graph_once():
     pruning_by_100 = run("random_prune", True, "off").graphs  # the same epochs, ending on batches of 20
     assert ones.graphs[:2] == [pruning_by_100[0], pruning_by_100[1] + 1]
     assert ones.graphs[2:] == [ones.graphs[1]] * 6, "an epoch after the first batch of one sample compiled"
+
+
+def test_a_compile_mode_reaches_inductor_and_the_run_decides_as_in_eager():
+    """`train.compile: reduce-overhead` asks inductor for CUDA graphs: on a CPU it compiles each graph without them
+    (each counted as a skip, which the default mode never asks for) and trains as the default mode does. On a GPU,
+    tests/test_gpu.py checks that the graphs are used."""
+    default, graphs = run("dfp", True, "off"), run("dfp", "reduce-overhead", "off")
+    assert default.cudagraph_skips == 0 and graphs.cudagraph_skips > 0
+    assert decisions(graphs.history) == decisions(default.history) == decisions(run("dfp", False, "off").history)
+    assert graphs.history[-1]["test_acc"] == pytest.approx(default.history[-1]["test_acc"], abs=3)
+    check_each_kind_of_epoch_compiles_once(graphs)
 
 
 def test_compiled_fp32_computes_the_eager_losses_up_to_float_rounding():

@@ -145,6 +145,8 @@ BAD = [  # (change to params, run overrides, text the error must contain)
     (("recipes.dfp.weight_decay", -1), {}, "recipes.dfp.weight_decay: -1 is invalid; accepted: a number >= 0"),
     (("train.amp", "yes"), {}, "train.amp: 'yes' is invalid; accepted: auto | bf16 | off"),
     (("train.threads", 0), {}, "train.threads: 0 is invalid; accepted: auto | a positive integer"),
+    (("train.compile", "fast"), {}, "train.compile: 'fast' is invalid; accepted: true | false | a torch.compile mode "
+     "(default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs)"),
     (("train.ledger", "keep"), {}, "train.ledger: 'keep' is invalid; accepted: ignore | record | retrain"),
     (("methods.ranged", {"fraction": 1.5}), {"method": "ranged"}, "methods.ranged.fraction: 1.5 is invalid; accepted"),
     (("recipes.dfp.per_model", {"lenet": {"lr": -1}}), {}, "recipes.dfp.per_model.lenet.lr: -1 is invalid; accepted"),
@@ -192,6 +194,11 @@ def test_a_method_missing_from_params_is_named_not_defaulted():
     del params["methods"]["dfp"]
     with pytest.raises(ConfigError, match=r"methods.dfp: missing; accepted: a mapping of its parameters"):
         resolve_run(params, "dfp", "cifar10", "lenet", "dfp", 0)
+
+
+@pytest.mark.parametrize("compile", [False, True, "reduce-overhead"])
+def test_train_compile_takes_a_switch_or_a_torch_compile_mode(compile):
+    assert resolve_run(with_change("train.compile", compile), "dfp", "cifar10", "lenet", "dfp", 0).compile == compile
 
 
 def test_per_model_settings_apply_to_their_model_only():

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from test_reliability import (
     ONE_THREAD,
@@ -21,6 +22,8 @@ from test_reliability import (
     stage_env,
     wait_for_checkpoint,
 )
+
+from cheaptrain import distributed
 
 from conftest import read_csv, run_in
 
@@ -102,3 +105,18 @@ def test_a_killed_data_parallel_run_resumes_from_its_checkpoint(tmp_path, empty_
     assert run.info.status == "FINISHED" and run.data.params["processes"] == "2"
     assert_each_epoch_once(store, run, history)
     assert not list((repo / "checkpoints" / "dfp").iterdir())
+
+
+def test_a_rank_on_cuda_makes_its_gpu_current_before_joining_nccl(monkeypatch):
+    """NCCL starts each rank's communicator on the current device: without selecting the rank's GPU first, every
+    rank would start on GPU 0. On a CPU (gloo) nothing is selected."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: calls.append(("join", backend)))
+    second = distributed.Processes(rank=1, world=2, local_rank=1, local_world=2)
+    distributed.start(second, distributed.device_of(second, torch.device("cuda")))
+    assert calls == [("set_device", torch.device("cuda", 1)), ("join", "nccl")]
+    calls.clear()
+    distributed.start(second, distributed.device_of(second, torch.device("cpu")))
+    assert calls == [("join", "gloo")]

@@ -1,5 +1,6 @@
 """On a CUDA device: the loader's crops and flips against the CPU's, compiled bf16 training of every method against
-eager fp32, timing between device synchronisations, and a checkpoint written on the GPU and resumed there.
+eager fp32 (in the default mode and as CUDA graphs), timing between device synchronisations, and a checkpoint
+written on the GPU and resumed there.
 
 Every test is marked `cuda` and skipped (counted as skipped) without a CUDA device. `python benchmarks/gpu_check.py
 OUT` runs them on a GPU machine (`pytest -m cuda tests/test_gpu.py`).
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_compile import (
+    ALL_METHODS,
     METHODS,
     check_each_kind_of_epoch_compiles_once,
     check_infobatch,
@@ -72,6 +74,23 @@ def test_infobatch_compiled_in_bf16_on_the_gpu_prunes_and_learns_as_eager_fp32()
     eager, compiled = run("infobatch", False, "off", "cuda"), run("infobatch", True, "bf16", "cuda")
     assert compiled.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
     check_infobatch(eager, compiled)
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_cuda_graphs_train_every_method_as_eager_fp32(method):
+    """`train.compile: reduce-overhead` (CUDA graphs, bf16): every compiled graph runs as CUDA graphs (none skipped),
+    including the epochs' partial last batches, whose sizes vary with pruning; the methods decide as in eager fp32
+    (InfoBatch under check_infobatch's tolerances), learn as well, and a skip epoch changes only the kept bias."""
+    eager, graphs = run(method, False, "off", "cuda"), run(method, "reduce-overhead", "bf16", "cuda")
+    assert graphs.cudagraph_skips == 0
+    assert graphs.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
+    if method == "infobatch":
+        check_infobatch(eager, graphs)
+    else:
+        assert decisions(graphs.history) == decisions(eager.history)
+        check_each_kind_of_epoch_compiles_once(graphs, most=7)
+    if method.startswith("wus"):
+        check_skip_epochs_change_only_the_kept_bias(graphs)
 
 
 def test_an_epoch_on_the_gpu_is_timed_between_device_synchronisations(monkeypatch):

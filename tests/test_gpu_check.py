@@ -97,23 +97,34 @@ def test_profile_and_tuning_run_on_request_and_say_where_a_steps_time_goes(quick
     rows = read_csv(tmp_path / "tuning.csv")
     assert [(r["variant"], r["batch"]) for r in rows] == [
         ("as the runs", "32"), ("fused SGD", "32"), ("CUDA graphs", "32"), ("CUDA graphs, fused SGD", "32"),
-        ("batch x4", "128"),
+        ("graphs, fused, benchmark", "32"), ("batch x4", "128"),
     ]  # fmt: skip
     assert rows[0]["vs_runs"] == "1.0" and all(float(r["images_per_s"]) > 0 for r in rows)
     assert "max-autotune             skipped: CUDA only" in done.stdout
+    assert "cudnn.benchmark          skipped: CUDA only" in done.stdout
 
 
-def test_a_tuning_variant_changes_the_step_the_loop_runs():
-    """Fused SGD with the recipe's hyperparameters, and the compiled module where Training.step_model looks."""
+def test_a_tuning_variant_changes_the_setting_or_the_step_the_loop_runs(monkeypatch):
+    """A compile mode goes into the run's setting (the trainer compiles in it); fused SGD takes the recipe's
+    hyperparameters; cudnn.benchmark holds while the epochs train, and is restored after."""
     gpu_check = load_gpu_check()
     cfg = gpu_check.config("lenet", "cpu", False, "off", 8)
+    variant = gpu_check.Variant("all", compile="reduce-overhead", fused=True, cudnn_benchmark=True)
+    assert variant.config(cfg).compile == "reduce-overhead" and gpu_check.Variant("as the runs").config(cfg) is cfg
     t = gpu_check.prepare(cfg, gpu_check.synthetic_split(16, 1), gpu_check.synthetic_split(8, 2), gpu_check.Method())
     before = dict(t.optimizer.defaults)
-    gpu_check.Variant("both", mode="reduce-overhead", fused=True).apply(t)
+    variant.apply(t)
     assert t.optimizer.defaults == before | {"fused": True}
     assert [p for group in t.optimizer.param_groups for p in group["params"]] == list(t.model.parameters())
-    assert isinstance(t.step_model(), torch._dynamo.eval_frame.OptimizedModule)
-    assert t.step_model()._orig_mod is t.model
+
+    seen, train_epoch = [], gpu_check.train_epoch
+    monkeypatch.setattr(
+        gpu_check, "train_epoch", lambda *a: (seen.append(torch.backends.cudnn.benchmark), train_epoch(*a))[1]
+    )
+    benchmark = torch.backends.cudnn.benchmark
+    rate, _ = gpu_check.steady_rate(cfg, gpu_check.QUICK, gpu_check.Variant("b", cudnn_benchmark=True))
+    assert rate > 0 and seen == [True] * (1 + gpu_check.QUICK.timed_epochs)
+    assert torch.backends.cudnn.benchmark == benchmark
 
 
 def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
@@ -173,7 +184,7 @@ def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path,
     errors = (tmp_path / "errors.log").read_text()
     assert errors.count("Traceback") == 5 and "== methods: dfp compiled" in errors and "more detail" in errors
     printed = (tmp_path / "gpu_check.txt").read_text()
-    assert "lenet      compiled bf16  FAILED: RuntimeError: inductor" in printed
+    assert "lenet      compiled bf16    FAILED: RuntimeError: inductor" in printed
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

@@ -22,6 +22,8 @@ TRAIN_SIZES = {"cifar10": 50_000, "cifar100": 50_000}  # training images, for ch
 SCHEDULES = ("multistep", "step", "cosine")
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 AMP = ("auto", "bf16", "off")  # auto: bf16 autocast on CUDA, none on CPU (slower there on most CPUs)
+# torch.compile's modes: reduce-overhead replays each step as CUDA graphs (one launch per graph, on CUDA only)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 LEDGER_MODES = ("ignore", "record", "retrain")  # see ledger.py (not "off": YAML reads it as false)
 
 
@@ -66,7 +68,7 @@ class RunConfig:
     device: str = "auto"
     amp: str = "auto"  # bf16 autocast: auto (on CUDA only) | bf16 (on any device) | off
     channels_last: bool = True  # NHWC memory layout, on any device
-    compile: bool = False
+    compile: bool | str = False  # torch.compile the model: false | true (its default mode) | one of COMPILE_MODES
     eval_batch_size: int = 1000
     threads: int | str = "auto"  # CPU threads: auto (a fair share of the cores, see runner.py) | a number
     processes: int = 1  # data-parallel processes on this machine (torchrun; distributed.py)
@@ -195,7 +197,8 @@ TRAIN_SETTINGS = {  # train.<key>: (default, valid?, accepted)
                " | ".join(DEVICES)),
     "amp": ("auto", lambda v: v in AMP, " | ".join(AMP)),
     "channels_last": (True, lambda v: isinstance(v, bool), "true or false"),
-    "compile": (False, lambda v: isinstance(v, bool), "true or false"),
+    "compile": (False, lambda v: isinstance(v, bool) or v in COMPILE_MODES,
+                f"true | false | a torch.compile mode ({' | '.join(COMPILE_MODES)})"),
     "eval_batch_size": (1000, lambda v: is_int(v) and v > 0, "a positive integer"),
     "threads": ("auto", lambda v: v == "auto" or (is_int(v) and v > 0), "auto | a positive integer"),
     "processes": (1, lambda v: is_int(v) and v > 0, "a positive integer (data-parallel processes, via torchrun)"),

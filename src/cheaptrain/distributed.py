@@ -69,6 +69,8 @@ def start(processes: Processes, device: torch.device) -> None:
     """Join the process group (NCCL on CUDA, gloo on CPU) for the rest of the process's life (a group joined again
     after `stop` can hang in gloo's set-up); nothing for a single process."""
     if processes.active and not dist.is_initialized():
+        if device.type == "cuda":  # NCCL binds each rank to the current device; without this, all to GPU 0
+            torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 

@@ -77,14 +77,17 @@ class Training:
 
     def step_model(self) -> nn.Module:
         """The module that runs the batches: the model, or across processes the model under DistributedDataParallel,
-        built for the parameters that train now (it exchanges their gradients only); compiled if asked."""
+        built for the parameters that train now (it exchanges their gradients only); compiled if asked, in the mode
+        asked (reduce-overhead: as CUDA graphs, one per batch size seen)."""
         trainable = tuple(p.requires_grad for p in self.model.parameters())
         if trainable not in self.step_models:
             model = self.model
             if self.processes.active:
                 device_ids = [self.train_data.device.index] if self.train_data.device.type == "cuda" else None
                 model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-            self.step_models[trainable] = torch.compile(model) if self.cfg.compile else model
+            if self.cfg.compile:
+                model = torch.compile(model, mode=None if self.cfg.compile is True else self.cfg.compile)
+            self.step_models[trainable] = model
         return self.step_models[trainable]
 
 
