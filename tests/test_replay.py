@@ -91,6 +91,21 @@ def test_stale_replays_only_the_entries_of_another_code_version(repo, capsys):
     assert "random_prune" not in captured.out
 
 
+def test_an_entry_from_another_kind_of_cpu_is_replayed_with_a_caveat(repo, monkeypatch, capsys):
+    """Another CPU model may round differently from the first epoch: the line says so; another core count does not
+    change how one thread rounds, so it is no caveat."""
+    recorded = ledger.read_entry(entry(repo, "baseline")).info["device"]
+    model = recorded.rsplit(" x", 1)[0]
+    monkeypatch.setattr(replay, "device_name", lambda device: f"{model} x64")
+    replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
+    assert capsys.readouterr().out.splitlines()[0].endswith("epochs 1-1: identical")
+    monkeypatch.setattr(replay, "device_name", lambda device: "cpu: Another CPU x2")
+    replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith(f"identical; recorded on {recorded}, replayed on cpu: Another CPU x2: another kind of CPU "
+                         "may round differently")  # fmt: skip
+
+
 def test_other_data_is_refused_before_any_training(repo):
     write_prepared_data(repo, seed=5)
     with pytest.raises(UserError, match=r"trained on prepared data \w+, .*data/prepared/cifar10 holds \w+"):

@@ -13,7 +13,8 @@ Nothing is written: no checkpoint, no ledger entry, no MLflow run.
     python -m cheaptrain.replay --stale     # every entry trained by another code version than this checkout's
 
 It exits with status 1 when an epoch differs. A replay needs the entry's prepared data (`data/prepared/<dataset>`,
-the same digest) and, to be exact, its device type and thread count: on another it says so and still compares.
+the same digest) and, to be exact, its kind of CPU and thread count (another CPU may take other vector code paths,
+which round differently from the first epoch on): on another it says so and still compares.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from cheaptrain.data import load_split, prepared_digest
 from cheaptrain.ledger import Entry, entries, read_entry
 from cheaptrain.methods import create_method
 from cheaptrain.runner import run_code_version
-from cheaptrain.tracking import project_root
+from cheaptrain.tracking import device_name, project_root
 from cheaptrain.trainer import prepare, run_epoch
 
 ACTS = ("pruned_samples", "phase")  # a method acted in an epoch where one is above 0: DFP pruned, WUS skipped
@@ -109,8 +110,11 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
         raise UserError(
             f"{entry.path}: trained on prepared data {entry.info.get('data_digest')}, {data_dir} holds {digest}"
         )
-    if not str(entry.info.get("device", "cpu")).startswith("cpu"):
-        caveats.append(f"recorded on {entry.info.get('device')}, replayed on this CPU: not expected to be exact")
+    recorded, here = str(entry.info.get("device", "cpu")), device_name("cpu")
+    if not recorded.startswith("cpu"):
+        caveats.append(f"recorded on {recorded}, replayed on this CPU: not expected to be exact")
+    elif recorded.rsplit(" x", 1)[0] != here.rsplit(" x", 1)[0]:  # the model, not the core count
+        caveats.append(f"recorded on {recorded}, replayed on {here}: another kind of CPU may round differently")
     if len(threads := entry.info.get("threads") or []) > 1:
         caveats.append(f"recorded on {threads} threads, replayed on {threads[0]}")
     epochs = min(epochs or default_epochs(entry.history), len(entry.history))
