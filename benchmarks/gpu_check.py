@@ -26,8 +26,8 @@ Writes under the folder OUT, and prints:
   profile.txt      the top 25 ops of each profiled model by device time and by host time
   tuning.csv       (section `tuning`, on request) per model (default resnet18): images per second of the runs'
                    setting and of changes to it, each against it, as throughput measures them: the train.compile
-                   modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs); not yet in the trainer: fused
-                   SGD, cudnn.benchmark (CUDA only), a 4x batch
+                   modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs), train.cudnn_benchmark (CUDA
+                   only); not yet in the trainer: fused SGD, a 4x batch
   gpu_check.txt    everything printed
   errors.log       the traceback of each setting, method or model that failed (written only where one did)
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
@@ -142,30 +142,26 @@ def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) 
     train = synthetic_split(cfg.recipe.batch_size * sizes.batches, seed=1)
     t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
     variant.apply(t)
-    benchmark = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = variant.cudnn_benchmark
-    try:
-        first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
-        rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
-    finally:
-        torch.backends.cudnn.benchmark = benchmark
+    first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
+    rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
     return statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows), first
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A change to the GPU runs' setting (a `train.compile` mode, which the trainer takes) or to their step (not yet
-    in the trainer), measured here."""
+    """A change to the GPU runs' setting (train.compile, train.cudnn_benchmark: the trainer takes them) or to their
+    step (not yet in the trainer), measured here."""
 
     name: str
     compile: bool | str | None = None  # train.compile; None: the runs' own (compiled on CUDA, default mode)
-    fused: bool = False  # the SGD step as one fused kernel (torch.optim.SGD(fused=True))
-    cudnn_benchmark: bool = False  # cuDNN times its algorithms for each new shape and keeps the fastest
+    cudnn_benchmark: bool = False  # train.cudnn_benchmark
+    fused: bool = False  # the SGD step as one fused kernel (torch.optim.SGD(fused=True)), not in the trainer
     batch_factor: int = 1  # a larger batch than the recipe's: how far one run is from filling the device
 
     def config(self, cfg: RunConfig) -> RunConfig:
         """The run's setting under this variant."""
-        return cfg if self.compile is None else replace(cfg, compile=self.compile)
+        return replace(cfg, compile=cfg.compile if self.compile is None else self.compile,
+                       cudnn_benchmark=self.cudnn_benchmark)  # fmt: skip
 
     def apply(self, t: Training) -> None:
         """Change a prepared Training before its first epoch."""

@@ -145,6 +145,7 @@ BAD = [  # (change to params, run overrides, text the error must contain)
     (("recipes.dfp.weight_decay", -1), {}, "recipes.dfp.weight_decay: -1 is invalid; accepted: a number >= 0"),
     (("train.amp", "yes"), {}, "train.amp: 'yes' is invalid; accepted: auto | bf16 | off"),
     (("train.threads", 0), {}, "train.threads: 0 is invalid; accepted: auto | a positive integer"),
+    (("train.cudnn_benchmark", "yes"), {}, "train.cudnn_benchmark: 'yes' is invalid; accepted: true or false"),
     (("train.compile", "fast"), {}, "train.compile: 'fast' is invalid; accepted: true | false | a torch.compile mode "
      "(default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs)"),
     (("train.ledger", "keep"), {}, "train.ledger: 'keep' is invalid; accepted: ignore | record | retrain"),

@@ -1,5 +1,6 @@
 """The training loop on small synthetic data: determinism, what the hooks see, divergence, exact resume."""
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from cheaptrain.methods import Method
-from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
+from cheaptrain.trainer import TrainingDiverged, final_metrics, fit, prepare
 
 from conftest import small_config, synthetic_split
 
@@ -32,6 +33,14 @@ def test_same_seed_gives_identical_metrics_and_a_schedule_per_epoch():
     assert all(row["epoch_train_s"] > 0 and row["eval_s"] > 0 for row in first)
     other_seed = fit(small_config(seed=8), TRAIN, TEST, Method())
     assert without_timings(other_seed) != without_timings(first)
+
+
+@pytest.mark.parametrize("benchmark", [True, False])
+def test_the_run_decides_whether_cudnn_times_its_algorithms(monkeypatch, benchmark):
+    """train.cudnn_benchmark, not whatever ran before in the process."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not benchmark)
+    prepare(dataclasses.replace(small_config(), cudnn_benchmark=benchmark), TRAIN, TEST, Method())
+    assert torch.backends.cudnn.benchmark is benchmark
 
 
 def test_learns_the_synthetic_task():

@@ -97,6 +97,8 @@ def prepare(
     """Seed everything, put the data on the device, build the model and optimizer, set the method up."""
     device = device_of(processes, resolve_device(cfg.device))
     start(processes, device)
+    # off, cuDNN's heuristics choose the algorithms, the same every run; on, the fastest of timed candidates
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     torch.manual_seed(cfg.seed)  # also seeds CUDA
     random.seed(cfg.seed)  # and the global generators a method may draw from
     np.random.seed(cfg.seed)
