@@ -1,6 +1,8 @@
-"""End to end under load (issue 14): the quick setting's DFP and WUS runs, trained while a busy loop occupies a core,
-give exactly the figures the gate reads of the unloaded runs (the `quick` fixture's), and pass the gate. No time
-figure decides anything here; benchmarks/noise.py prints the time figures of both side by side."""
+"""End to end under load (issue 14): the quick setting's DFP run, trained while a busy loop occupies a core, gives
+exactly the figures the gate reads of the unloaded run (the `quick` fixture's), and passes the gate. No time figure
+decides anything here; benchmarks/noise.py prints the time figures of both side by side. One method is enough to
+show that load moves no figure but the seconds (WUS's phases follow from the same accuracies); a second would add
+3-4 minutes of CI."""
 
 import json
 import os
@@ -16,8 +18,8 @@ from conftest import REPO, copy_repo, read_csv, run_in
 
 pytestmark = pytest.mark.e2e
 
-RUNS = [("dfp", "baseline"), ("dfp", "dfp"), ("wus", "baseline"), ("wus", "wus")]
-LOADED = [("dfp", "dfp"), ("wus", "wus")]  # the methods train loaded; their baselines are the quick fixture's
+RUNS = [("dfp", "baseline"), ("dfp", "dfp"), ("wus", "baseline")]  # a study's grid lists one method at least
+LOADED = [("dfp", "dfp")]  # the method trains loaded; the baselines are the quick fixture's
 EXACT = (  # summary columns that a loaded machine must not move by a single digit
     "acc_mean", "final_acc_mean", "best3_acc_mean", "compute_saving_pct_mean", "sample_saving_pct_mean",
     "updated_params_reduction_pct_mean",
@@ -98,14 +100,12 @@ def test_a_busy_core_moves_no_accuracy_compute_sample_or_parameter_figure(quick,
         assert {c: row[c] for c in EXACT} == {c: unloaded[(row["study"], row["method"])][c] for c in EXACT}, where
         if row["method"] != "baseline":
             assert row["compute_saving_pct_mean"] and row["sample_saving_pct_mean"], where
-    assert next(r for r in rows if r["method"] == "wus")["updated_params_reduction_pct_mean"]
 
 
 def test_the_noise_benchmark_prints_both_passes_side_by_side(quick, loaded):
     result = run_in(REPO, "python", "benchmarks/noise.py", "--compare", str(quick / "runs"), str(loaded / "runs"))
     rows = [line.split() for line in result.stdout.splitlines()]
-    for method in ("dfp", "wus"):
-        same = [row for row in rows if row[:1] == [method] and row[1] in ("compute", "samples", "accuracy")]
-        assert len(same) == 3 and all(row[-1] == "+0.00" for row in same), result.stdout
-        timed = [row for row in rows if row[:1] == [method] and "time" in row]
-        assert len(timed) == 3, result.stdout  # robust (interval), own (interval), naive: printed, not judged here
+    same = [row for row in rows if row[:1] == ["dfp"] and row[1] in ("compute", "samples", "accuracy")]
+    assert len(same) == 3 and all(row[-1] == "+0.00" for row in same), result.stdout
+    timed = [row for row in rows if row[:1] == ["dfp"] and "time" in row]
+    assert len(timed) == 3, result.stdout  # robust (interval), own (interval), naive: printed, not judged here
