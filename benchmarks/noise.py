@@ -1,7 +1,7 @@
 """Benchmark: what a busy machine does to the quick setting's figures (issue 14), unloaded and loaded side by side.
 
     python benchmarks/noise.py [--threads 2] [--out DIR]     # train both passes, then compare them
-    python benchmarks/noise.py --compare RUNS_A RUNS_B       # compare two runs/ folders holding these runs
+    python benchmarks/noise.py --compare RUNS_A RUNS_B       # compare the runs below that both runs/ folders hold
 
 The runs: the quick setting (params.yaml with params.quick.yaml over it, as `make quickstart` runs it) of the DFP
 study's baseline and dfp and the WUS study's baseline and wus, trained one after another in this process
@@ -19,6 +19,7 @@ within 3 points of the unloaded one. Training both passes takes about 10 minutes
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import math
 import os
@@ -35,7 +36,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import positive_int, run_main
+from cheaptrain import UserError, positive_int, run_main
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = (("dfp", "baseline"), ("dfp", "dfp"), ("wus", "baseline"), ("wus", "wus"))
@@ -120,15 +121,34 @@ def show(value: tuple[float, ...]) -> str:
     return f"{value[0]:.2f}" + (f" [{value[1]:.2f}, {value[2]:.2f}]" if len(value) == 3 else "")
 
 
+def finished(params: dict[str, Any], root: Path, study: str, method: str) -> bool:
+    grid = params["grid"][study]
+    name = f"{grid['datasets'][0]}-{grid['models'][0]}-{method}-s{grid['seeds'][0]}"
+    return (root / study / name / "metrics.json").is_file()
+
+
 def compare(params: dict[str, Any], unloaded_root: Path, loaded_root: Path) -> None:
-    """Print both passes side by side, and whether each robust time saving of the loaded pass stayed within WITHIN."""
+    """Print both passes side by side, and whether each robust time saving of the loaded pass stayed within WITHIN:
+    of each method of RUNS that both folders hold with its baseline."""
+    roots = (unloaded_root, loaded_root)
+    pairs = [
+        (study, method)
+        for study, method in RUNS
+        if method != "baseline" and all(finished(params, r, study, m) for r in roots for m in ("baseline", method))
+    ]
+    if not pairs:
+        raise UserError(f"{unloaded_root} and {loaded_root} hold no method of {RUNS} with its baseline in both")
+    params = copy.deepcopy(params)
+    for study in params["grid"]:  # only what is compared, so that summarising finds every run of its grid
+        params["grid"][study]["methods"] = ["baseline", *(m for s, m in pairs if s == study)]
+    params["grid"] = {study: grid for study, grid in params["grid"].items() if any(s == study for s, _ in pairs)}
     unloaded, loaded = summary(params, unloaded_root), summary(params, loaded_root)
     print(f"\nunloaded: {unloaded_root}\nloaded:   {loaded_root}")
+    if skipped := [f"{s}/{m}" for s, m in RUNS if m != "baseline" and (s, m) not in pairs]:
+        print(f"not in both (with its baseline), not compared: {', '.join(skipped)}")
     print(f"{'method':<8}{'figure':<38}{'unloaded':>24}{'loaded':>24}{'loaded - unloaded':>19}")
     verdicts = []
-    for study, method in RUNS:
-        if method == "baseline":
-            continue
+    for study, method in pairs:
         before, after = figures(unloaded, study, method), figures(loaded, study, method)
         for name in before:
             delta = after[name][0] - before[name][0]
