@@ -122,7 +122,7 @@ def quick(tmp_path_factory, shared_archive) -> Path:
     # the copy lives in a temporary folder, so "../shared" must come from the environment variable
     env = {"CIFAR10_SOURCE": str(shared_archive), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
     # nothing else runs meanwhile, so OpenMP threads may spin while they wait (the stage's default lets them sleep,
-    # for a shared machine): the same arithmetic, LeNet's 2-thread epochs 1.5x faster on an idle machine
+    # for a shared machine): the same arithmetic, and faster where no neighbour competes for the cores
     env["OMP_WAIT_POLICY"] = "ACTIVE"
     result = run_in(repo, "python", "-m", "cheaptrain.quick", env=env)
     status = run_in(repo, "git", "status", "--porcelain", "--untracked-files=no").stdout
