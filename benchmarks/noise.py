@@ -121,23 +121,25 @@ def show(value: tuple[float, ...]) -> str:
     return f"{value[0]:.2f}" + (f" [{value[1]:.2f}, {value[2]:.2f}]" if len(value) == 3 else "")
 
 
-def finished(params: dict[str, Any], root: Path, study: str, method: str) -> bool:
-    grid = params["grid"][study]
-    name = f"{grid['datasets'][0]}-{grid['models'][0]}-{method}-s{grid['seeds'][0]}"
-    return (root / study / name / "metrics.json").is_file()
+def has_pair(params: dict[str, Any], root: Path, study: str, method: str) -> bool:
+    """Every run of the study's grid with `method` or its baseline has finished in `root`."""
+    from cheaptrain.aggregate import finished, grid_runs, run_folder
+
+    runs = [run for run in grid_runs(params) if run[0] == study and run[3] in ("baseline", method)]
+    return all(finished(run_folder(root, *run)) for run in runs)
 
 
 def compare(params: dict[str, Any], unloaded_root: Path, loaded_root: Path) -> None:
     """Print both passes side by side, and whether each robust time saving of the loaded pass stayed within WITHIN:
     of each method of RUNS that both folders hold with its baseline."""
-    roots = (unloaded_root, loaded_root)
     pairs = [
         (study, method)
         for study, method in RUNS
-        if method != "baseline" and all(finished(params, r, study, m) for r in roots for m in ("baseline", method))
+        if method != "baseline" and all(has_pair(params, root, study, method) for root in (unloaded_root, loaded_root))
     ]
     if not pairs:
-        raise UserError(f"{unloaded_root} and {loaded_root} hold no method of {RUNS} with its baseline in both")
+        methods = ", ".join(f"{s}/{m}" for s, m in RUNS if m != "baseline")
+        raise UserError(f"{unloaded_root} and {loaded_root} do not both hold any of {methods} with its baseline")
     params = copy.deepcopy(params)
     for study in params["grid"]:  # only what is compared, so that summarising finds every run of its grid
         params["grid"][study]["methods"] = ["baseline", *(m for s, m in pairs if s == study)]

@@ -139,12 +139,21 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
     return Run(study, dataset, model, method, seed, numbers, history, config, run_id, info.get("device") or "")
 
 
+def run_folder(runs_root: Path, study: str, dataset: str, model: str, method: str, seed: int) -> Path:
+    return runs_root / study / f"{dataset}-{model}-{method}-s{seed}"
+
+
+def finished(folder: Path) -> bool:
+    """The folder holds what a run writes when it finishes."""
+    return all((folder / f).is_file() for f in ("metrics.json", "history.csv", "run.json"))
+
+
 def collect(params: dict[str, Any], runs_root: Path = Path("runs")) -> list[Run]:
     """Every run of the grid (none for an empty grid); a UserError lists every run that has not finished."""
     found, missing = [], []
     for study, dataset, model, method, seed in grid_runs(params):
-        folder = runs_root / study / f"{dataset}-{model}-{method}-s{seed}"
-        if all((folder / f).is_file() for f in ("metrics.json", "history.csv", "run.json")):
+        folder = run_folder(runs_root, study, dataset, model, method, seed)
+        if finished(folder):
             found.append((folder, study, dataset, model, method, seed))
         else:
             missing.append(str(folder))
