@@ -19,7 +19,6 @@ within 3 points of the unloaded one. Training both passes takes about 10 minutes
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import math
 import os
@@ -140,10 +139,9 @@ def compare(params: dict[str, Any], unloaded_root: Path, loaded_root: Path) -> N
     if not pairs:
         methods = ", ".join(f"{s}/{m}" for s, m in RUNS if m != "baseline")
         raise UserError(f"{unloaded_root} and {loaded_root} do not both hold any of {methods} with its baseline")
-    params = copy.deepcopy(params)
-    for study in params["grid"]:  # only what is compared, so that summarising finds every run of its grid
-        params["grid"][study]["methods"] = ["baseline", *(m for s, m in pairs if s == study)]
-    params["grid"] = {study: grid for study, grid in params["grid"].items() if any(s == study for s, _ in pairs)}
+    compared = {study: ["baseline", *(m for s, m in pairs if s == study)] for study, _ in pairs}
+    # a grid of what is compared only, so that summarising finds every run of it
+    params = params | {"grid": {s: params["grid"][s] | {"methods": methods} for s, methods in compared.items()}}
     unloaded, loaded = summary(params, unloaded_root), summary(params, loaded_root)
     print(f"\nunloaded: {unloaded_root}\nloaded:   {loaded_root}")
     if skipped := [f"{s}/{m}" for s, m in RUNS if m != "baseline" and (s, m) not in pairs]:
