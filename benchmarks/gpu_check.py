@@ -28,7 +28,7 @@ Writes under the folder OUT, and prints:
   tuning.csv       (section `tuning`, on request) per model (default resnet18): images per second of the runs'
                    setting and of changes to it, each against it, as throughput measures them: the train.compile
                    modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs), train.cudnn_benchmark (CUDA
-                   only); not yet in the trainer: fused SGD, a 4x batch; graphs_skipped as in throughput.csv
+                   only), train.fused_sgd, and a 4x batch; graphs_skipped as in throughput.csv
   gpu_check.txt    everything printed
   errors.log       the traceback of each setting, method or model that failed (written only where one did)
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
@@ -73,7 +73,7 @@ try:
     from cheaptrain.config import Recipe, RunConfig
     from cheaptrain.data import Split
     from cheaptrain.methods import METHODS, Method, create_method
-    from cheaptrain.trainer import Training, fit, prepare, train_epoch
+    from cheaptrain.trainer import fit, prepare, train_epoch
 except ModuleNotFoundError as missing:  # the project's light dependencies: no MLflow, no DVC
     sys.exit(f"error: gpu_check needs PyTorch, numpy, PyYAML and tqdm: {missing}")
 
@@ -173,7 +173,6 @@ def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) 
     train = synthetic_split(cfg.recipe.batch_size * sizes.batches, seed=1)
     with GraphSkips() as skips:
         t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
-        variant.apply(t)
         first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
         rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
     rate = statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows)
@@ -191,35 +190,28 @@ def skipped(rate: Rate, device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class Variant:
-    """A change to the GPU runs' setting (train.compile, train.cudnn_benchmark: the trainer takes them) or to their
-    step (not yet in the trainer), measured here."""
+    """A change to the GPU runs' setting, measured here: train settings the trainer takes, or a larger batch."""
 
     name: str
     compile: bool | str | None = None  # train.compile; None: the runs' own (compiled on CUDA, default mode)
     cudnn_benchmark: bool = False  # train.cudnn_benchmark
-    fused: bool = False  # the SGD step as one fused kernel (torch.optim.SGD(fused=True)), not in the trainer
+    fused_sgd: bool = False  # train.fused_sgd
     batch_factor: int = 1  # a larger batch than the recipe's: how far one run is from filling the device
 
     def config(self, cfg: RunConfig) -> RunConfig:
-        """The run's setting under this variant."""
+        """The run's setting under this variant (the batch is the caller's)."""
         return replace(cfg, compile=cfg.compile if self.compile is None else self.compile,
-                       cudnn_benchmark=self.cudnn_benchmark)  # fmt: skip
-
-    def apply(self, t: Training) -> None:
-        """Change a prepared Training before its first epoch."""
-        if self.fused:
-            hyper = {k: t.optimizer.defaults[k] for k in ("lr", "momentum", "weight_decay", "nesterov")}
-            t.optimizer = torch.optim.SGD(t.model.parameters(), **hyper, fused=True)
+                       cudnn_benchmark=self.cudnn_benchmark, fused_sgd=self.fused_sgd)  # fmt: skip
 
 
 VARIANTS = (
     Variant("as the runs"),
-    Variant("fused SGD", fused=True),
+    Variant("fused SGD", fused_sgd=True),
     Variant("cudnn.benchmark", cudnn_benchmark=True),
     Variant("max-autotune", compile="max-autotune-no-cudagraphs"),
     Variant("CUDA graphs", compile="reduce-overhead"),  # on a CPU: compiled, without graphs
-    Variant("CUDA graphs, fused SGD", compile="reduce-overhead", fused=True),
-    Variant("graphs, fused, benchmark", compile="reduce-overhead", fused=True, cudnn_benchmark=True),
+    Variant("CUDA graphs, fused SGD", compile="reduce-overhead", fused_sgd=True),
+    Variant("graphs, fused, benchmark", compile="reduce-overhead", fused_sgd=True, cudnn_benchmark=True),
     Variant("batch x4", batch_factor=4),
 )
 CUDA_ONLY = ("max-autotune", "cudnn.benchmark")  # autotuning a CPU's kernels takes minutes; a CPU has no cuDNN

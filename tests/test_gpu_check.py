@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py, checked on the CPU in its --quick mode: every section runs and writes its table."""
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -128,19 +129,15 @@ def test_graph_skips_counts_inductors_skipped_cuda_graphs_and_keeps_the_reasons_
     assert gpu_check.skipped(gpu_check.Rate(100.0, 1.0, 0, ()), torch.device("cuda")) == ""
 
 
-def test_a_tuning_variant_changes_the_setting_or_the_step_the_loop_runs():
-    """A compile mode and cudnn.benchmark go into the run's setting (the trainer takes both); fused SGD takes the
-    recipe's hyperparameters."""
+def test_a_tuning_variant_is_the_runs_setting_with_its_train_settings_changed():
+    """A compile mode, cudnn.benchmark and fused SGD go into the run's setting, which the trainer takes."""
     gpu_check = load_gpu_check()
     cfg = gpu_check.config("lenet", "cpu", False, "off", 8)
-    variant = gpu_check.Variant("all", compile="reduce-overhead", cudnn_benchmark=True, fused=True)
-    assert (variant.config(cfg).compile, variant.config(cfg).cudnn_benchmark) == ("reduce-overhead", True)
+    variant = gpu_check.Variant("all", compile="reduce-overhead", cudnn_benchmark=True, fused_sgd=True)
+    changed = variant.config(cfg)
+    assert (changed.compile, changed.cudnn_benchmark, changed.fused_sgd) == ("reduce-overhead", True, True)
+    assert dataclasses.replace(changed, compile=False, cudnn_benchmark=False, fused_sgd=False) == cfg
     assert gpu_check.Variant("as the runs").config(cfg) == cfg
-    t = gpu_check.prepare(cfg, gpu_check.synthetic_split(16, 1), gpu_check.synthetic_split(8, 2), gpu_check.Method())
-    before = dict(t.optimizer.defaults)
-    variant.apply(t)
-    assert t.optimizer.defaults == before | {"fused": True}
-    assert [p for group in t.optimizer.param_groups for p in group["params"]] == list(t.model.parameters())
 
 
 def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
