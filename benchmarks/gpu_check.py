@@ -12,7 +12,8 @@ Writes under the folder OUT, and prints:
                    reduce-overhead): this project's loop (trainer.train_epoch: batches gathered,
                    cropped and flipped on the device, per-sample losses, SGD) on synthetic images, in steady state:
                    after an untimed first epoch (compiling, allocating), the median of the timed epochs, each timed
-                   between two device synchronisations
+                   between two device synchronisations; graphs_skipped: the graphs inductor ran without CUDA
+                   graphs though asked for them (its reasons printed beside the rate)
   methods.csv      every registered method for 2 epochs of LeNet (trainer.fit, with evaluation), eager and compiled,
                    under the device's default autocast: per epoch its samples, pruning, phase, loss, accuracy, time,
                    and the graphs compiled so far
@@ -27,7 +28,7 @@ Writes under the folder OUT, and prints:
   tuning.csv       (section `tuning`, on request) per model (default resnet18): images per second of the runs'
                    setting and of changes to it, each against it, as throughput measures them: the train.compile
                    modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs), train.cudnn_benchmark (CUDA
-                   only); not yet in the trainer: fused SGD, a 4x batch
+                   only), train.fused_sgd, and a 4x batch; graphs_skipped as in throughput.csv
   gpu_check.txt    everything printed
   errors.log       the traceback of each setting, method or model that failed (written only where one did)
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
@@ -45,6 +46,7 @@ N = 1, 2.
 import argparse
 import csv
 import importlib.util
+import logging
 import multiprocessing
 import os
 import queue
@@ -71,7 +73,7 @@ try:
     from cheaptrain.config import Recipe, RunConfig
     from cheaptrain.data import Split
     from cheaptrain.methods import METHODS, Method, create_method
-    from cheaptrain.trainer import Training, fit, prepare, train_epoch
+    from cheaptrain.trainer import fit, prepare, train_epoch
 except ModuleNotFoundError as missing:  # the project's light dependencies: no MLflow, no DVC
     sys.exit(f"error: gpu_check needs PyTorch, numpy, PyYAML and tqdm: {missing}")
 
@@ -134,50 +136,82 @@ def runs_config(model: str, device: torch.device, batch: int) -> RunConfig:
     return config(model, str(device), device.type == "cuda", "auto", batch)
 
 
-def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) -> tuple[float, float]:
-    """(images per second in steady state, seconds of the untimed first epoch) of cfg's training loop, changed by
-    `variant` if given."""
+@dataclass(frozen=True)
+class Rate:
+    """A steady-state training rate, and the graphs inductor was asked to run as CUDA graphs but ran without."""
+
+    images_per_s: float
+    first_epoch_s: float  # the untimed first epoch: compiling, allocating
+    graphs_skipped: int  # on a CPU every such graph (none outside reduce-overhead); on CUDA, see `skip_reasons`
+    skip_reasons: tuple[str, ...]  # inductor's own words, on CUDA
+
+
+class GraphSkips(logging.Handler):
+    """While entered, counts the graphs inductor runs without CUDA graphs though asked for them, and keeps the
+    reasons it logs (on CUDA; a CPU has no CUDA graphs, so there it skips each one without a word)."""
+
+    LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"  # the `cudagraphs` log artifact
+
+    def __enter__(self) -> "GraphSkips":
+        self.before, self.count, self.reasons = counters["inductor"]["cudagraph_skips"], 0, []
+        logging.getLogger(self.LOGGER).addHandler(self)
+        return self
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.reasons.append(record.getMessage())
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger(self.LOGGER).removeHandler(self)
+        self.count = counters["inductor"]["cudagraph_skips"] - self.before
+
+
+def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) -> Rate:
+    """cfg's training loop in steady state (changed by `variant` if given): images per second, the median of the
+    timed epochs after an untimed first one."""
     variant = variant or Variant("as configured")
     cfg = variant.config(cfg)
     train = synthetic_split(cfg.recipe.batch_size * sizes.batches, seed=1)
-    t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
-    variant.apply(t)
-    first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
-    rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
-    return statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows), first
+    with GraphSkips() as skips:
+        t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
+        first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
+        rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
+    rate = statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows)
+    return Rate(rate, first, skips.count, tuple(dict.fromkeys(skips.reasons)))
+
+
+def skipped(rate: Rate, device: torch.device) -> str:
+    """What the report says of graphs that ran without CUDA graphs: nothing where none did."""
+    if not rate.graphs_skipped:
+        return ""
+    why = "; ".join(rate.skip_reasons) or ("a CPU has no CUDA graphs" if device.type != "cuda" else "no reason logged")
+    graphs = f"{rate.graphs_skipped} graph{'s' if rate.graphs_skipped > 1 else ''}"
+    return f"  ({graphs} without CUDA graphs: {why})"
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A change to the GPU runs' setting (train.compile, train.cudnn_benchmark: the trainer takes them) or to their
-    step (not yet in the trainer), measured here."""
+    """A change to the GPU runs' setting, measured here: train settings the trainer takes, or a larger batch."""
 
     name: str
     compile: bool | str | None = None  # train.compile; None: the runs' own (compiled on CUDA, default mode)
     cudnn_benchmark: bool = False  # train.cudnn_benchmark
-    fused: bool = False  # the SGD step as one fused kernel (torch.optim.SGD(fused=True)), not in the trainer
+    fused_sgd: bool = False  # train.fused_sgd
     batch_factor: int = 1  # a larger batch than the recipe's: how far one run is from filling the device
 
     def config(self, cfg: RunConfig) -> RunConfig:
-        """The run's setting under this variant."""
+        """The run's setting under this variant (the batch is the caller's)."""
         return replace(cfg, compile=cfg.compile if self.compile is None else self.compile,
-                       cudnn_benchmark=self.cudnn_benchmark)  # fmt: skip
-
-    def apply(self, t: Training) -> None:
-        """Change a prepared Training before its first epoch."""
-        if self.fused:
-            hyper = {k: t.optimizer.defaults[k] for k in ("lr", "momentum", "weight_decay", "nesterov")}
-            t.optimizer = torch.optim.SGD(t.model.parameters(), **hyper, fused=True)
+                       cudnn_benchmark=self.cudnn_benchmark, fused_sgd=self.fused_sgd)  # fmt: skip
 
 
 VARIANTS = (
     Variant("as the runs"),
-    Variant("fused SGD", fused=True),
+    Variant("fused SGD", fused_sgd=True),
     Variant("cudnn.benchmark", cudnn_benchmark=True),
     Variant("max-autotune", compile="max-autotune-no-cudagraphs"),
     Variant("CUDA graphs", compile="reduce-overhead"),  # on a CPU: compiled, without graphs
-    Variant("CUDA graphs, fused SGD", compile="reduce-overhead", fused=True),
-    Variant("graphs, fused, benchmark", compile="reduce-overhead", fused=True, cudnn_benchmark=True),
+    Variant("CUDA graphs, fused SGD", compile="reduce-overhead", fused_sgd=True),
+    Variant("graphs, fused, benchmark", compile="reduce-overhead", fused_sgd=True, cudnn_benchmark=True),
     Variant("batch x4", batch_factor=4),
 )
 CUDA_ONLY = ("max-autotune", "cudnn.benchmark")  # autotuning a CPU's kernels takes minutes; a CPU has no cuDNN
@@ -255,16 +289,18 @@ def throughput(report: Report, device: torch.device, models: list[str], sizes: S
             kind = {False: "eager", True: "compiled"}.get(compile, "CUDA graphs")
             setting = f"{kind} {'bf16' if amp == 'bf16' else 'fp32'}"
             row = {"model": model, "compile": compile, "amp": "bf16" if amp == "bf16" else "fp32",
-                   "batch": sizes.batch, "images_per_s": "", "first_epoch_s": "",
+                   "batch": sizes.batch, "images_per_s": "", "first_epoch_s": "", "graphs_skipped": "",
                    "device": device_name(device)}  # fmt: skip
             try:
-                rate, first = steady_rate(config(model, str(device), compile, amp, sizes.batch), sizes)
+                rate = steady_rate(config(model, str(device), compile, amp, sizes.batch), sizes)
             except Exception as error:  # the next settings still run; the table says which failed
                 row["error"] = report.failed(f"throughput: {model} {setting}", error)
                 report.say(f"{model:10} {setting:16} {row['error']}")
             else:
-                row |= {"images_per_s": round(rate, 1), "first_epoch_s": round(first, 2)}
-                report.say(f"{model:10} {setting:16} {rate:10.0f} {first:8.1f}")
+                row |= {"images_per_s": round(rate.images_per_s, 1), "first_epoch_s": round(rate.first_epoch_s, 2),
+                        "graphs_skipped": rate.graphs_skipped}  # fmt: skip
+                report.say(f"{model:10} {setting:16} {rate.images_per_s:10.0f} {rate.first_epoch_s:8.1f}"
+                           f"{skipped(rate, device)}")  # fmt: skip
             rows.append(row)
             report.write("throughput.csv", rows)
     report.written("throughput.csv", rows)
@@ -326,21 +362,24 @@ def tuning(report: Report, device: torch.device, models: list[str], sizes: Sizes
             torch._dynamo.reset()
             batch = sizes.batch * variant.batch_factor
             row: dict[str, Any] = {"model": model, "variant": variant.name, "batch": batch, "images_per_s": "",
-                                   "vs_runs": "", "first_epoch_s": "", "device": device_name(device)}  # fmt: skip
+                                   "vs_runs": "", "first_epoch_s": "", "graphs_skipped": "",
+                                   "device": device_name(device)}  # fmt: skip
             if device.type != "cuda" and variant.name in CUDA_ONLY:
                 report.say(f"{model:10} {variant.name:24} skipped: CUDA only")
                 continue
             try:
-                rate, first = steady_rate(runs_config(model, device, batch), sizes, variant)
+                rate = steady_rate(runs_config(model, device, batch), sizes, variant)
             except Exception as error:  # the next variants still run
                 row["error"] = report.failed(f"tuning: {model} {variant.name}", error)
                 report.say(f"{model:10} {variant.name:24} {row['error']}")
             else:
                 if variant == VARIANTS[0]:  # the runs' own setting
-                    base = rate
-                ratio = round(rate / base, 2) if base else ""  # none where the runs' setting failed
-                row |= {"images_per_s": round(rate, 1), "vs_runs": ratio, "first_epoch_s": round(first, 2)}
-                report.say(f"{model:10} {variant.name:24} {rate:10.0f} {ratio!s:>7} {first:8.1f}")
+                    base = rate.images_per_s
+                ratio = round(rate.images_per_s / base, 2) if base else ""  # none where the runs' setting failed
+                row |= {"images_per_s": round(rate.images_per_s, 1), "vs_runs": ratio, "first_epoch_s":
+                        round(rate.first_epoch_s, 2), "graphs_skipped": rate.graphs_skipped}  # fmt: skip
+                report.say(f"{model:10} {variant.name:24} {rate.images_per_s:10.0f} {ratio!s:>7} "
+                           f"{rate.first_epoch_s:8.1f}{skipped(rate, device)}")  # fmt: skip
             rows.append(row)
             report.write("tuning.csv", rows)
     report.written("tuning.csv", rows)

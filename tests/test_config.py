@@ -146,6 +146,7 @@ BAD = [  # (change to params, run overrides, text the error must contain)
     (("train.amp", "yes"), {}, "train.amp: 'yes' is invalid; accepted: auto | bf16 | off"),
     (("train.threads", 0), {}, "train.threads: 0 is invalid; accepted: auto | a positive integer"),
     (("train.cudnn_benchmark", "yes"), {}, "train.cudnn_benchmark: 'yes' is invalid; accepted: true or false"),
+    (("train.fused_sgd", 1), {}, "train.fused_sgd: 1 is invalid; accepted: true or false"),
     (("train.compile", "fast"), {}, "train.compile: 'fast' is invalid; accepted: true | false | a torch.compile mode "
      "(default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs)"),
     (("train.ledger", "keep"), {}, "train.ledger: 'keep' is invalid; accepted: ignore | record | retrain"),
@@ -200,6 +201,12 @@ def test_a_method_missing_from_params_is_named_not_defaulted():
 @pytest.mark.parametrize("compile", [False, True, "reduce-overhead"])
 def test_train_compile_takes_a_switch_or_a_torch_compile_mode(compile):
     assert resolve_run(with_change("train.compile", compile), "dfp", "cifar10", "lenet", "dfp", 0).compile == compile
+
+
+@pytest.mark.parametrize("setting", ["cudnn_benchmark", "fused_sgd"])
+def test_a_switch_of_how_a_run_trains_reaches_its_configuration(setting):
+    assert getattr(resolve_run(PARAMS, "dfp", "cifar10", "lenet", "dfp", 0), setting) is False  # params.yaml's
+    assert getattr(resolve_run(with_change(f"train.{setting}", True), "dfp", "cifar10", "lenet", "dfp", 0), setting)
 
 
 def test_per_model_settings_apply_to_their_model_only():

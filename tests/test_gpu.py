@@ -1,6 +1,6 @@
 """On a CUDA device: the loader's crops and flips against the CPU's, compiled bf16 training of every method against
-eager fp32 (in the default mode and as CUDA graphs), timing between device synchronisations, and a checkpoint
-written on the GPU and resumed there.
+eager fp32 (in the default mode and as CUDA graphs), a BatchNorm network's statistics under CUDA graphs, timing
+between device synchronisations, and a checkpoint written on the GPU and resumed there.
 
 Every test is marked `cuda` and skipped (counted as skipped) without a CUDA device. `python benchmarks/gpu_check.py
 OUT` runs them on a GPU machine (`pytest -m cuda tests/test_gpu.py`).
@@ -22,6 +22,7 @@ from test_compile import (
     decisions,
     run,
 )
+from torch._dynamo.utils import counters
 
 from cheaptrain.data import PAD, DeviceData, channel_stats, crop, random_crop_flip
 from cheaptrain.methods import Method, create_method
@@ -91,6 +92,29 @@ def test_cuda_graphs_train_every_method_as_eager_fp32(method):
         check_each_kind_of_epoch_compiles_once(graphs, most=7)
     if method.startswith("wus"):
         check_skip_epochs_change_only_the_kept_bias(graphs)
+
+
+def test_cuda_graphs_replay_a_batchnorm_networks_running_statistics():
+    """ResNet-18, the GPU runs' model: each training step of its BatchNorm layers updates their running statistics,
+    which the CUDA graphs must replay rather than skip or lose. No graph is skipped, every layer counts every batch
+    (10 a epoch), and the statistics end as in the same compiled bf16 training without graphs."""
+    states, skips = {}, {}
+    for compile in (True, "reduce-overhead"):
+        cfg = dataclasses.replace(small_config(epochs=2, model="resnet18"), compile=compile, amp="bf16", device="cuda")
+        torch._dynamo.reset()
+        before = counters["inductor"]["cudagraph_skips"]
+        last: dict = {}  # the checkpoint state of the last epoch
+        fit(cfg, TRAIN, TEST, Method(), on_epoch_end=lambda history, state, last=last: last.update(state))
+        states[compile], skips[compile] = last["model"], counters["inductor"]["cudagraph_skips"] - before
+    assert skips["reduce-overhead"] == 0
+    graphs, plain = states["reduce-overhead"], states[True]
+    tracked = [name for name in graphs if name.endswith("num_batches_tracked")]
+    assert tracked and all(graphs[name].item() == 20 for name in tracked)  # 300 samples in batches of 32, 2 epochs
+    for name in tracked:
+        layer = name.removesuffix("num_batches_tracked")
+        assert not torch.equal(graphs[layer + "running_var"], torch.ones_like(graphs[layer + "running_var"]))
+        for statistic in ("running_mean", "running_var"):
+            torch.testing.assert_close(graphs[layer + statistic], plain[layer + statistic], rtol=0.05, atol=0.02)
 
 
 def test_an_epoch_on_the_gpu_is_timed_between_device_synchronisations(monkeypatch):

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py, checked on the CPU in its --quick mode: every section runs and writes its table."""
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def test_quick_mode_measures_eager_and_compiled_fp32_and_bf16(quick):
         ("lenet", "False", "fp32"), ("lenet", "False", "bf16"), ("lenet", "True", "fp32"), ("lenet", "True", "bf16"),
     ]  # fmt: skip
     assert all(float(r["images_per_s"]) > 0 and r["batch"] == "32" for r in rows)
+    assert [r["graphs_skipped"] for r in rows] == ["0"] * 4  # none of these asks for CUDA graphs
 
 
 def test_quick_mode_trains_every_method_eager_and_compiled(quick):
@@ -100,23 +102,42 @@ def test_profile_and_tuning_run_on_request_and_say_where_a_steps_time_goes(quick
         ("graphs, fused, benchmark", "32"), ("batch x4", "128"),
     ]  # fmt: skip
     assert rows[0]["vs_runs"] == "1.0" and all(float(r["images_per_s"]) > 0 for r in rows)
+    graphs = {r["variant"]: int(r["graphs_skipped"]) for r in rows}  # a CPU runs no graph as a CUDA graph
+    assert all((count > 0) == name.startswith(("CUDA graphs", "graphs")) for name, count in graphs.items()), graphs
+    assert "graph without CUDA graphs: a CPU has no CUDA graphs)" in done.stdout
     assert "max-autotune             skipped: CUDA only" in done.stdout
     assert "cudnn.benchmark          skipped: CUDA only" in done.stdout
 
 
-def test_a_tuning_variant_changes_the_setting_or_the_step_the_loop_runs():
-    """A compile mode and cudnn.benchmark go into the run's setting (the trainer takes both); fused SGD takes the
-    recipe's hyperparameters."""
+def test_graph_skips_counts_inductors_skipped_cuda_graphs_and_keeps_the_reasons_it_logs():
+    """What inductor does on CUDA for a graph it cannot record (e.g. one that mutates an input), called directly."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    gpu_check = load_gpu_check()
+    with gpu_check.GraphSkips() as skips:
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (2 instances)")
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device")
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs after the measurement")
+    assert skips.count == 2
+    assert skips.reasons == ["skipping cudagraphs due to mutated inputs (2 instances)",
+                             "skipping cudagraphs due to cpu device"]  # fmt: skip
+    rate = gpu_check.Rate(100.0, 1.0, skips.count, tuple(skips.reasons))
+    assert gpu_check.skipped(rate, torch.device("cuda")) == (
+        "  (2 graphs without CUDA graphs: skipping cudagraphs due to mutated inputs (2 instances); skipping "
+        "cudagraphs due to cpu device)"
+    )
+    assert gpu_check.skipped(gpu_check.Rate(100.0, 1.0, 0, ()), torch.device("cuda")) == ""
+
+
+def test_a_tuning_variant_is_the_runs_setting_with_its_train_settings_changed():
+    """A compile mode, cudnn.benchmark and fused SGD go into the run's setting, which the trainer takes."""
     gpu_check = load_gpu_check()
     cfg = gpu_check.config("lenet", "cpu", False, "off", 8)
-    variant = gpu_check.Variant("all", compile="reduce-overhead", cudnn_benchmark=True, fused=True)
-    assert (variant.config(cfg).compile, variant.config(cfg).cudnn_benchmark) == ("reduce-overhead", True)
+    variant = gpu_check.Variant("all", compile="reduce-overhead", cudnn_benchmark=True, fused_sgd=True)
+    changed = variant.config(cfg)
+    assert (changed.compile, changed.cudnn_benchmark, changed.fused_sgd) == ("reduce-overhead", True, True)
+    assert dataclasses.replace(changed, compile=False, cudnn_benchmark=False, fused_sgd=False) == cfg
     assert gpu_check.Variant("as the runs").config(cfg) == cfg
-    t = gpu_check.prepare(cfg, gpu_check.synthetic_split(16, 1), gpu_check.synthetic_split(8, 2), gpu_check.Method())
-    before = dict(t.optimizer.defaults)
-    variant.apply(t)
-    assert t.optimizer.defaults == before | {"fused": True}
-    assert [p for group in t.optimizer.param_groups for p in group["params"]] == list(t.model.parameters())
 
 
 def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cheaptrain import positive_int
+from cheaptrain import atomic_write, positive_int
 from cheaptrain.runner import code_version, imported_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,3 +105,25 @@ def test_positive_int_accepts_counts_and_rejects_the_rest_as_a_usage_error():
     for text in ("0", "-3", "x", "1.5", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="an integer >= 1"):
             positive_int(text)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_atomic_write_gives_a_new_file_the_umasks_permissions_and_keeps_a_replaced_files(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        atomic_write(tmp_path / "new" / "report.md", "# results\n")
+    finally:
+        os.umask(previous)
+    new = tmp_path / "new" / "report.md"
+    assert new.read_text() == "# results\n" and new.stat().st_mode & 0o777 == 0o666 & ~umask
+    new.chmod(0o640)
+    atomic_write(new, b"# results, again\n")
+    assert new.read_bytes() == b"# results, again\n" and new.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
+    path = tmp_path / "metrics.json"
+    atomic_write(path, "{}\n")
+    with pytest.raises(TypeError):
+        atomic_write(path, 12)  # type: ignore[arg-type]  # fails while writing
+    assert path.read_text() == "{}\n" and [p.name for p in tmp_path.iterdir()] == ["metrics.json"]

@@ -352,7 +352,8 @@ def test_a_run_without_a_terminal_logs_a_line_per_epoch_and_its_resume_goes_on_f
 
 
 def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_them_now(workdir, monkeypatch):
-    """`python stages/train.py --running`: a run killed after epoch 3 is stopped until its command runs again."""
+    """`python stages/train.py --running`: a run killed after epoch 3 is stopped until its command runs again, unless
+    other training code wrote its checkpoint."""
     stage = [sys.executable, str(REPO / "stages" / "train.py"), "--running"]
     done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
     assert done.stdout == "no run under way (no checkpoint in checkpoints/)\n"
@@ -365,7 +366,13 @@ def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_the
         fcntl.flock(lock, fcntl.LOCK_EX)  # as the training process holds it
         done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
     assert done.stdout == f"{line.split(', stopped')[0]}, training now\n"
-    train_run(config())  # finished: its checkpoint goes
+    state = torch.load(checkpoint_path(config()), weights_only=False)
+    state["identity"]["code"] = "0123456789abcdef"  # as an earlier version of trainer.py wrote it
+    torch.save(state, checkpoint_path(config()))
+    (older,) = runner.runs_under_way()
+    assert older == f"{line.split(', stopped')[0]}, stopped, written by other training code: this checkout's command " \
+                    "trains the run afresh"  # fmt: skip
+    train_run(config())  # started afresh and finished: its checkpoint goes
     assert runner.runs_under_way() == []
 
 

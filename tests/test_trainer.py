@@ -43,6 +43,18 @@ def test_the_run_decides_whether_cudnn_times_its_algorithms(monkeypatch, benchma
     assert torch.backends.cudnn.benchmark is benchmark
 
 
+def test_fused_sgd_is_the_runs_choice_and_trains_as_pytorchs_default_step():
+    """train.fused_sgd: one fused kernel for the SGD step; the same update as PyTorch's default implementation, so the
+    same epochs up to float rounding."""
+    fused = prepare(dataclasses.replace(small_config(), fused_sgd=True), TRAIN, TEST, Method())
+    default = prepare(small_config(), TRAIN, TEST, Method())
+    assert fused.optimizer.defaults["fused"] is True and not default.optimizer.defaults["fused"]
+    histories = [fit(dataclasses.replace(small_config(), fused_sgd=f), TRAIN, TEST, Method()) for f in (True, False)]
+    for a, b in zip(*histories, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1)
+
+
 def test_learns_the_synthetic_task():
     history = fit(small_config(epochs=5, milestones=(4,), lr=0.02), TRAIN, TEST, Method())
     assert history[-1]["test_acc"] > 50  # 10 classes: chance is 10%

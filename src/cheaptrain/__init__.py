@@ -7,8 +7,9 @@ The package root holds what every module may import without importing another: t
 import argparse
 import math
 import os
+import secrets
+import stat
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,17 +38,21 @@ def run_main(main: Callable[[], None]) -> None:
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write via a temporary file and a rename: readers see the old file or the new one, never half of one."""
+    """Write via a temporary file and a rename: readers see the old file or the new one, never half of one. A new
+    file gets the permissions open() would give it (the umask's), a replaced one keeps its own."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the kernel applies the umask, as open() does
     try:
         with os.fdopen(fd, "wb") as f:
+            if path.exists():
+                os.fchmod(f.fileno(), stat.S_IMODE(path.stat().st_mode))
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -70,6 +70,7 @@ class RunConfig:
     channels_last: bool = True  # NHWC memory layout, on any device
     compile: bool | str = False  # torch.compile the model: false | true (its default mode) | one of COMPILE_MODES
     cudnn_benchmark: bool = False  # on CUDA, cuDNN times its algorithms for each new shape and keeps the fastest
+    fused_sgd: bool = False  # the SGD step as one fused kernel; false: PyTorch's choice (foreach on CUDA)
     eval_batch_size: int = 1000
     threads: int | str = "auto"  # CPU threads: auto (a fair share of the cores, see runner.py) | a number
     processes: int = 1  # data-parallel processes on this machine (torchrun; distributed.py)
@@ -201,6 +202,7 @@ TRAIN_SETTINGS = {  # train.<key>: (default, valid?, accepted)
     "compile": (False, lambda v: isinstance(v, bool) or v in COMPILE_MODES,
                 f"true | false | a torch.compile mode ({' | '.join(COMPILE_MODES)})"),
     "cudnn_benchmark": (False, lambda v: isinstance(v, bool), "true or false"),
+    "fused_sgd": (False, lambda v: isinstance(v, bool), "true or false"),
     "eval_batch_size": (1000, lambda v: is_int(v) and v > 0, "a positive integer"),
     "threads": ("auto", lambda v: v == "auto" or (is_int(v) and v > 0), "auto | a positive integer"),
     "processes": (1, lambda v: is_int(v) and v > 0, "a positive integer (data-parallel processes, via torchrun)"),
@@ -299,6 +301,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
         channels_last=train["channels_last"],
         compile=train["compile"],
         cudnn_benchmark=train["cudnn_benchmark"],
+        fused_sgd=train["fused_sgd"],
         eval_batch_size=train["eval_batch_size"],
         threads=train["threads"],
         processes=train["processes"],

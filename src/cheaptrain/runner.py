@@ -168,8 +168,9 @@ def lock_held(path: Path) -> bool:
 
 def runs_under_way(root: Path | None = None) -> list[str]:
     """One line per checkpoint under checkpoints/ (a run started, not finished): its last epoch and accuracy, and
-    whether a process trains it now or it waits for its command to be run again."""
-    lines = []
+    whether a process trains it now, it waits for its command to be run again, or this checkout's training code
+    would not resume it (another version wrote it)."""
+    lines, code_now = [], {code_version(method) for method in METHODS}
     for path in sorted((root or project_root() / "checkpoints").glob("*/*.pt")):
         name = f"{path.parent.name}/{path.stem.rsplit('-', 1)[0]}"
         state, problem = read_checkpoint(path, {})
@@ -180,8 +181,12 @@ def runs_under_way(root: Path | None = None) -> list[str]:
         done = f"epoch {len(history)}" + (f"/{total}" if total else "")
         acc = f", test acc {history[-1]['test_acc']:.2f}%" if history else ""
         written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
-        now = lock_held(path.with_suffix(".lock"))
-        what = "training now" if now else "stopped: the command that started it resumes it"
+        if lock_held(path.with_suffix(".lock")):
+            what = "training now"
+        elif state["identity"].get("code") not in code_now:
+            what = "stopped, written by other training code: this checkout's command trains the run afresh"
+        else:
+            what = "stopped: the command that started it resumes it"
         lines.append(f"{name}: {done}{acc}, written {written}, {what}")
     return lines
 

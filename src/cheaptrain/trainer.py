@@ -115,6 +115,7 @@ def prepare(
         momentum=recipe.momentum,
         weight_decay=recipe.weight_decay,
         nesterov=recipe.nesterov,
+        fused=cfg.fused_sgd or None,  # None: PyTorch picks its implementation
     )
     method.setup(RunContext(model, len(train_data), recipe.epochs, device, cfg.seed, recipe.lr_at))
     return Training(
