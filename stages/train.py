@@ -5,9 +5,11 @@ Checks every run of `grid` first (params, and what only a run tells: the trainin
 schedule over its epochs), so that a mistake anywhere fails in seconds, not hours into `dvc repro`; `--check` does
 only that. An interrupted run resumes from its checkpoint when run again. `--no-mlflow` trains without tracking
 (a machine without MLflow does so by itself): the outputs and, with `train.ledger: record`, the ledger entry are
-written all the same. With params `train.processes: N` (N > 1) the stage starts itself again under torchrun, N
-processes on this machine training one run data-parallel; `torchrun --nproc_per_node N stages/train.py ...` does
-the same directly (across machines too: torchrun's --nnodes and --rdzv options).
+written all the same. `-S KEY=VALUE` sets a params value for this command only, as `dvc exp run -S` does (the
+value read as YAML), for a machine without DVC: e.g. `-S train.compile=true -S recipes.wus.epochs=50`.
+With params `train.processes: N` (N > 1) the stage starts itself again under torchrun, N processes on this machine
+training one run data-parallel; `torchrun --nproc_per_node N stages/train.py ...` does the same directly (across
+machines too: torchrun's --nnodes and --rdzv options).
 """
 
 import argparse
@@ -16,13 +18,38 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
 # OpenMP threads sleep instead of spinning while they wait: the same arithmetic, and a neighbour on a core no longer
 # slows training several-fold (benchmarks/noise.py). Set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from cheaptrain import run_main
+from cheaptrain import UserError, run_main
+
+
+def set_params(params: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """Apply each `a.b.c=value` to `params` in place (the value read as YAML, as DVC reads -S); the params'
+    validation then names a key that does not exist."""
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise UserError(f"-S {assignment!r}: expected KEY=VALUE with a dotted key, e.g. -S train.compile=true")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise UserError(f"-S {assignment!r}: the value is not valid YAML: {e}") from e
+        section = params
+        for depth, name in enumerate(path[:-1]):
+            section = section.setdefault(name, {})
+            if not isinstance(section, dict):
+                where = ".".join(path[: depth + 1])
+                raise UserError(f"-S {assignment!r}: {where} is {section!r}, not a section of settings")
+        section[path[-1]] = value
+    return params
 
 
 def main() -> None:
@@ -35,6 +62,10 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="only check every run of the grid, then exit")
     parser.add_argument("--no-mlflow", action="store_true", help="train without logging to MLflow")
+    parser.add_argument(
+        "-S", "--set", action="append", default=[], metavar="KEY=VALUE", dest="assignments",
+        help="set a params value for this command only (a YAML value, as dvc exp run -S); repeatable",
+    )  # fmt: skip
     parser.add_argument(
         "--running", action="store_true", help="list the runs under way (checkpoints/), whether each trains now; exit"
     )
@@ -54,10 +85,10 @@ def main() -> None:
     from cheaptrain.runner import keep_freed_memory, train_run
     from cheaptrain.tracking import INTERRUPTS
 
-    params = load_params(args.params)
+    params = set_params(load_params(args.params), args.assignments)
     validate_grid(params)
     if args.check:
-        print(f"{args.params}: every run of the grid has valid params")
+        print(f"{args.params}{' with -S' if args.assignments else ''}: every run of the grid has valid params")
         return
     cfg = resolve_run(params, *run)
     if cfg.processes > 1 and "LOCAL_RANK" not in os.environ:  # not yet under torchrun: start the processes

@@ -720,6 +720,34 @@ def test_check_names_what_only_the_run_tells_and_no_run_leaves_anything_behind(t
     assert not (repo / "checkpoints").exists() and not (repo / "runs").exists() and not (repo / "mlflow.db").exists()
 
 
+def test_set_trains_with_a_params_value_for_one_command_and_a_bad_one_fails_before_training(tmp_path):
+    """`stages/train.py -S KEY=VALUE` (a machine without DVC): the run trains with the value and params.yaml stays
+    as it was; a bad key, value or form fails in seconds under its name, and no run leaves anything behind."""
+    repo = make_repo(tmp_path / "repo", None, methods=("baseline", "wus"))
+    params_before = (repo / "params.yaml").read_text()
+    run = ["--study", "wus", "--dataset", "cifar10", "--model", "lenet", "--method", "wus", "--seed", "0"]
+    run += ["--no-mlflow"]
+    for bad, problem in [
+        ("recipes.wus.epochs=two", "recipes.wus.epochs: 'two' is invalid; accepted: a positive integer"),
+        ("methods.wus.patienc=2", "methods.wus.patienc: unknown parameter"),
+        ("recipes.wus.lr.x=1", "-S 'recipes.wus.lr.x=1': recipes.wus.lr is 0.02, not a section of settings"),
+        ("train.compile", "-S 'train.compile': expected KEY=VALUE"),
+        ("train.compile=[true", "-S 'train.compile=[true': the value is not valid YAML"),
+    ]:
+        result = run_in(repo, "python", "stages/train.py", *run, "-S", bad, check=False)
+        assert result.returncode == 2 and problem in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (repo / "checkpoints").exists() and not (repo / "runs").exists()
+
+    shorter = ["-S", "recipes.wus.epochs=3", "-S", "recipes.wus.step_size=2", "-S", "methods.wus.patience=2"]
+    run_in(repo, "python", "stages/train.py", *run, *shorter)
+    out = repo / "runs" / "wus" / "cifar10-lenet-wus-s0"
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert (config["recipe"]["epochs"], config["recipe"]["step_size"], config["method_args"]["patience"]) == (3, 2, 2)
+    assert len(read_csv(out / "history.csv")) == 3
+    assert (repo / "params.yaml").read_text() == params_before
+
+
 def _models() -> list[str]:
     from cheaptrain.models import MODELS
 
