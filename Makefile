@@ -25,23 +25,23 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# an MLflow tracking server for a team (README: beyond one machine); HOST=0.0.0.0 to serve other machines
+# an MLflow tracking server for a team (docs/scaling.md); HOST=0.0.0.0 to serve other machines
 server: $(BIN)/.installed
 	$(BIN)/python -m cheaptrain.server --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),5000)
 
 # on a CUDA machine with PyTorch alone (no install: such machines often have no network): the cuda tests, the
-# throughput table, every method, concurrent runs; under 10 minutes (README: The papers' setting)
+# throughput table, every method, concurrent runs; under 10 minutes (docs/gpu.md)
 gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py $(or $(OUT),gpu-check)
 
-# every speed claim of the README's Measured section, one script after another (minutes on 2 CPU cores);
+# every speed claim of docs/measured.md, one script after another (minutes on 2 CPU cores);
 # the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared
 bench: $(BIN)/.installed
 	@test -d data/prepared/cifar10 || { echo "no data/prepared/cifar10: run 'make quickstart' first"; exit 1; }
 	for name in loader malloc dfp wus; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done
 
-# one run at a paper's setting on CIFAR-10 into the results ledger, through the pipeline (README: The results
-# ledger); resumes where a stopped one left off. In the background, then commit the entry:
+# one run at a paper's setting on CIFAR-10 into the results ledger, through the pipeline (docs/ledger.md);
+# resumes where a stopped one left off. In the background, then commit the entry:
 #   nohup make ledger STUDY=wus MODEL=alexnet METHOD=wus SEED=1 > wus-1.log 2>&1 &    git add ledger && git commit
 CIFAR10 ?= $(or $(wildcard $(abspath ../shared/datasets/cifar10-jpg.tar.gz)),torchvision)
 THREADS ?= 1

@@ -63,7 +63,7 @@ def load_gate(params: dict[str, Any]) -> Gate:
     """Params `check`, validated: a UserError lists every unknown key and every bad value."""
     section = params.get("check") or {}
     if not isinstance(section, dict):
-        raise UserError("params `check` must be a mapping of thresholds (see README: Results and the regression gate)")
+        raise UserError("params `check` must be a mapping of thresholds (see README: The gate)")
     accepted = (*GATES, *OPTIONS)
     problems = [f"check.{k}: unknown key (accepted: {', '.join(accepted)})" for k in section if k not in accepted]
     thresholds: dict[str, dict[str, float | None]] = {}
