@@ -368,7 +368,9 @@ def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_the
     assert done.stdout == f"{line.split(', stopped')[0]}, training now\n"
     state = torch.load(checkpoint_path(config()), weights_only=False)
     state["identity"]["code"] = "0123456789abcdef"  # as an earlier version of trainer.py wrote it
+    written = checkpoint_path(config()).stat()
     torch.save(state, checkpoint_path(config()))
+    os.utime(checkpoint_path(config()), ns=(written.st_atime_ns, written.st_mtime_ns))  # written then, not now
     (older,) = runner.runs_under_way()
     assert older == f"{line.split(', stopped')[0]}, stopped, written by other training code: this checkout's command " \
                     "trains the run afresh"  # fmt: skip
