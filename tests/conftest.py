@@ -77,24 +77,33 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def run_in(repo: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 2400):
-    """Run a command in `repo` with this venv first on PATH; returns the CompletedProcess (output captured).
-    On timeout the whole process group goes (`dvc exp run` -> stages -> python), not only the direct child."""
+def start_in(repo: Path, *cmd: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """Start a command in `repo` with this venv first on PATH, in a process group of its own (see `finish`)."""
     full_env = os.environ | {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
     full_env.pop("MLFLOW_TRACKING_URI", None)
     full_env.pop("DVC_ROOT", None)
-    process = subprocess.Popen(cmd, cwd=repo, env=full_env | (env or {}), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(cmd, cwd=repo, env=full_env | (env or {}), text=True, start_new_session=True, **popen)
+
+
+def finish(process: subprocess.Popen, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
+    """Wait for a command of `start_in`; returns its CompletedProcess. On timeout the whole process group goes
+    (`dvc exp run` -> stages -> python), not only the direct child."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
         raise
-    result = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(f"{' '.join(process.args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def run_in(repo: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 2400):
+    """Run a command in `repo` with this venv first on PATH; returns the CompletedProcess (output captured)."""
+    process = start_in(repo, *cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return finish(process, timeout, check)
 
 
 @pytest.fixture(scope="session")
@@ -114,19 +123,50 @@ def shared_archive() -> Path:
     return SHARED_ARCHIVE
 
 
+def needs_quick(item: pytest.Item) -> bool:
+    return "quick" in getattr(item, "fixturenames", ())  # directly or through another fixture
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own ordering by fixture scope, which a stable sort keeps
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that read the quick pipeline's outputs run last: it trains in the background meanwhile."""
+    items.sort(key=needs_quick)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_started(request, tmp_path_factory):
+    """Starts the README's quick command (`python -m cheaptrain.quick`: `dvc exp run` on params.quick.yaml) at the
+    start of the session when a selected test reads its outputs, in a throwaway copy of the repository, on the real
+    CIFAR-10 archive: it trains while the tests that do not need it run, so the session waits for the longer of the
+    two, not for both. Yields (repository, process, log file), or None."""
+    if not SHARED_ARCHIVE.is_file() or not any(map(needs_quick, request.session.items)):
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("quick")
+    (repo := folder / "repo").mkdir()
+    copy_repo(repo)
+    # the copy lives in a temporary folder, so "../shared" must come from the environment variable. OpenMP threads
+    # sleep while they wait (the stage's default): spinning ones would hold up the tests running beside it
+    env = {"CIFAR10_SOURCE": str(SHARED_ARCHIVE), "OMP_WAIT_POLICY": "PASSIVE"}
+    env["MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"] = "1"
+    log = folder / "quick.log"
+    with open(log, "w") as out:
+        process = start_in(repo, "python", "-m", "cheaptrain.quick", env=env, stdout=out, stderr=subprocess.STDOUT)
+    yield repo, process, log
+    if process.poll() is None:  # the session ended (or was interrupted) before a test waited for it
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 @pytest.fixture(scope="session")
-def quick(tmp_path_factory, shared_archive) -> Path:
-    """The README's quick command (`python -m cheaptrain.quick`: `dvc exp run` on params.quick.yaml) run once per
-    test session in a throwaway copy of the repository, on the real CIFAR-10 archive. Tests only read from it."""
-    repo = copy_repo(tmp_path_factory.mktemp("quick"))
-    # the copy lives in a temporary folder, so "../shared" must come from the environment variable
-    env = {"CIFAR10_SOURCE": str(shared_archive), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
-    # nothing else runs meanwhile, so OpenMP threads may spin while they wait (the stage's default lets them sleep,
-    # for a shared machine): the same arithmetic, and faster where no neighbour competes for the cores
-    env["OMP_WAIT_POLICY"] = "ACTIVE"
-    result = run_in(repo, "python", "-m", "cheaptrain.quick", env=env)
+def quick(quick_started, shared_archive) -> Path:
+    """The quick pipeline's checkout, once it has finished (started by `quick_started`). Tests only read from it."""
+    repo, process, log = quick_started
+    finish(process, timeout=2400, check=False)
+    output = log.read_text()
+    assert process.returncode == 0, f"the quick command exited {process.returncode}\n{output}"
     status = run_in(repo, "git", "status", "--porcelain", "--untracked-files=no").stdout
-    (repo / "quick.log").write_text(result.stdout + result.stderr)
+    (repo / "quick.log").write_text(output)
     (repo / "quick.status").write_text(status)  # what `git status` showed right after it: nothing, it must be
     # the tests read the params the experiment ran with from params.yaml, as a checkout after `dvc exp apply` would
     from dvc.utils.hydra import apply_overrides

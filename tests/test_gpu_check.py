@@ -25,7 +25,8 @@ def load_gpu_check():
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def quick_check(tmp_path_factory):
+    """The script's --quick mode, once for the module: its output folder and what it printed."""
     out = tmp_path_factory.mktemp("gpu_check")
     command = [sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--quick", "--threads", "1"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -33,8 +34,8 @@ def quick(tmp_path_factory):
     return out, done.stdout
 
 
-def test_quick_mode_measures_eager_and_compiled_fp32_and_bf16(quick):
-    out, _ = quick
+def test_quick_mode_measures_eager_and_compiled_fp32_and_bf16(quick_check):
+    out, _ = quick_check
     rows = read_csv(out / "throughput.csv")
     assert [(r["model"], r["compile"], r["amp"]) for r in rows] == [
         ("lenet", "False", "fp32"), ("lenet", "False", "bf16"), ("lenet", "True", "fp32"), ("lenet", "True", "bf16"),
@@ -43,8 +44,8 @@ def test_quick_mode_measures_eager_and_compiled_fp32_and_bf16(quick):
     assert [r["graphs_skipped"] for r in rows] == ["0"] * 4  # none of these asks for CUDA graphs
 
 
-def test_quick_mode_trains_every_method_eager_and_compiled(quick):
-    out, _ = quick
+def test_quick_mode_trains_every_method_eager_and_compiled(quick_check):
+    out, _ = quick_check
     rows = read_csv(out / "methods.csv")
     assert {(r["method"], r["compile"], r["epoch"]) for r in rows} == {
         (m, c, e) for m in METHODS for c in ("False", "True") for e in ("1", "2")
@@ -63,8 +64,8 @@ def test_quick_mode_trains_every_method_eager_and_compiled(quick):
     assert all(int(r["graphs"]) <= 8 for r in compiled)
 
 
-def test_quick_mode_measures_concurrent_processes_and_names_the_n_that_pays(quick):
-    out, printed = quick
+def test_quick_mode_measures_concurrent_processes_and_names_the_n_that_pays(quick_check):
+    out, printed = quick_check
     rows = read_csv(out / "concurrency.csv")
     assert [(r["model"], r["processes"]) for r in rows] == [("lenet", "1"), ("lenet", "2")]
     assert all(float(r["images_per_s"]) > 0 for r in rows) and rows[0]["vs_one_process"] == "1.0"
@@ -85,8 +86,8 @@ def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(t
     assert wrong.returncode == 2 and "invalid choice: 'speed'" in wrong.stderr
 
 
-def test_profile_and_tuning_run_on_request_and_say_where_a_steps_time_goes(quick, tmp_path):
-    assert not {"profile.csv", "tuning.csv"} & {p.name for p in quick[0].iterdir()}  # not by default
+def test_profile_and_tuning_run_on_request_and_say_where_a_steps_time_goes(quick_check, tmp_path):
+    assert not {"profile.csv", "tuning.csv"} & {p.name for p in quick_check[0].iterdir()}  # not by default
     command = [sys.executable, str(SCRIPT), str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
     done = subprocess.run([*command, "--sections", "profile", "tuning"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
