@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench server gpu-check ledger
+.PHONY: quickstart test lint bench server gpu-check ledger gpu-ledger
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ bench: $(BIN)/.installed
 # one run at a paper's setting on CIFAR-10 into the results ledger, through the pipeline (docs/ledger.md);
 # resumes where a stopped one left off. In the background, then commit the entry:
 #   nohup make ledger STUDY=wus MODEL=alexnet METHOD=wus SEED=1 > wus-1.log 2>&1 &    git add ledger && git commit
-CIFAR10 ?= $(or $(wildcard $(abspath ../shared/datasets/cifar10-jpg.tar.gz)),torchvision)
+CIFAR10 ?= $(or $(wildcard $(abspath ../shared/datasets/cifar10-jpg.tar.gz)),$(wildcard carry/cifar10-jpg.tar.gz),torchvision)
 THREADS ?= 1
 ledger: $(BIN)/.installed
 	@test -n "$(STUDY)" -a -n "$(MODEL)" -a -n "$(METHOD)" -a -n "$(SEED)" || { \
@@ -54,3 +54,21 @@ ledger: $(BIN)/.installed
 	  -S 'download.cifar10.source=$(CIFAR10)' -S 'grid.dfp.datasets=[cifar10]' -S 'grid.wus.datasets=[cifar10]' \
 	  -S 'grid.$(STUDY).models=[$(MODEL)]' -S 'grid.$(STUDY).methods=[$(METHOD)]' -S 'grid.$(STUDY).seeds=[$(SEED)]' \
 	  -S 'train.threads=$(THREADS)' -S 'train.ledger=record' train_$(STUDY)
+
+# on a CUDA machine with PyTorch alone (no install, no MLflow, no DVC; docs/gpu.md): several runs of one model at a
+# paper's setting at once (one run leaves a large GPU mostly idle) into the results ledger, each logging to
+# gpu-ledger/<run>.log; fails when one of them failed. Detached, the runs outlive a time-limited command:
+#   setsid nohup make gpu-ledger STUDY=wus MODEL=resnet18 METHODS="baseline wus wus_lr" SETTINGS="-S train.compile=true" &
+gpu-ledger: SEED ?= 0
+gpu-ledger:
+	@test -n "$(STUDY)" -a -n "$(MODEL)" -a -n "$(METHODS)" || { \
+	  echo 'usage: make gpu-ledger STUDY=dfp|wus MODEL=<model> METHODS="<method> ..." [SEED=0] [SETTINGS="-S key=value ..."] [CIFAR10=<archive>]'; \
+	  exit 2; }
+	test -d data/prepared/cifar10 || CIFAR10_SOURCE=$(CIFAR10) $(PYTHON) stages/download.py --dataset cifar10 --no-mlflow
+	@mkdir -p gpu-ledger
+	@pids=; for method in $(METHODS); do \
+	  log=gpu-ledger/$(STUDY)-cifar10-$(MODEL)-$$method-s$(SEED).log; echo "$$method: training, log in $$log"; \
+	  $(PYTHON) stages/train.py --study $(STUDY) --dataset cifar10 --model $(MODEL) --method $$method --seed $(SEED) \
+	    --no-mlflow $(SETTINGS) > $$log 2>&1 & pids="$$pids $$!"; \
+	done; failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
+	for method in $(METHODS); do tail -n 1 gpu-ledger/$(STUDY)-cifar10-$(MODEL)-$$method-s$(SEED).log; done; exit $$failed

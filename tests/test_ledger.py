@@ -213,6 +213,27 @@ def test_a_machine_without_mlflow_and_dvc_trains_and_records_a_ledger_entry(repo
     assert not (repo / "mlflow.db").exists()
 
 
+def test_make_gpu_ledger_trains_its_runs_at_once_without_mlflow_and_fails_when_one_of_them_fails(repo):
+    """`make gpu-ledger` (docs/gpu.md, for a machine with PyTorch alone): one process per named method, each with its
+    log; one failed run fails the command, and the others still finish."""
+    shutil.copytree(REPO / "stages", repo / "stages")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["train"] |= {"device": "cpu", "threads": 1, "ledger": "ignore"}
+    params["recipes"]["dfp"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}
+    params["grid"]["dfp"] |= {"models": ["lenet"], "methods": ["baseline"]}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    make = ["make", "--no-print-directory", "-f", str(REPO / "Makefile"), "-C", str(repo), f"PYTHON={sys.executable}"]
+    usage = subprocess.run([*make, "gpu-ledger", "STUDY=dfp", "MODEL=lenet"], capture_output=True, text=True)
+    assert usage.returncode != 0 and "usage: make gpu-ledger" in usage.stdout
+    names = ["gpu-ledger", "STUDY=dfp", "MODEL=lenet", "METHODS=baseline no_such_method"]
+    done = subprocess.run([*make, *names], capture_output=True, text=True)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert json.loads((repo / "runs/dfp/cifar10-lenet-baseline-s0/metrics.json").read_text())["epochs"] == 2
+    assert "dfp/cifar10-lenet-baseline-s0: final" in done.stdout  # each run's last line, once all have ended
+    assert "no_such_method" in (repo / "gpu-ledger/dfp-cifar10-lenet-no_such_method-s0.log").read_text()
+    assert not (repo / "mlflow.db").exists()
+
+
 def test_make_ledger_trains_the_one_run_it_names_through_the_pipeline_and_needs_every_name():
     make = ["make", "--no-print-directory", "-C", str(REPO), "-o", ".venv/bin/.installed"]
     missing = subprocess.run([*make, "ledger", "STUDY=wus", "MODEL=alexnet"], capture_output=True, text=True)
