@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this che
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from cheaptrain import UserError, run_main
+from cheaptrain.config import read_yaml
 
 
 def set_params(params: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def set_params(params: dict[str, Any], assignments: list[str]) -> dict[str, Any]
         if not sep or not all(path):
             raise UserError(f"-S {assignment!r}: expected KEY=VALUE with a dotted key, e.g. -S train.compile=true")
         try:
-            value = yaml.safe_load(text)
+            value = read_yaml(text)
         except yaml.YAMLError as e:
             raise UserError(f"-S {assignment!r}: the value is not valid YAML: {e}") from e
         section = params

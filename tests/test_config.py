@@ -240,6 +240,21 @@ def test_unreadable_params_file_is_a_user_error(tmp_path):
         load_params(tmp_path / "bad.yaml")
 
 
+def test_values_that_dvc_exp_run_set_are_read_as_dvc_wrote_them(tmp_path):
+    """`dvc exp run -S recipes.wus.lr=0.00001` writes `1e-05` into params.yaml: a float (YAML 1.2), not a string."""
+    from dvc.utils.hydra import apply_overrides
+
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text())
+    apply_overrides(path, ["recipes.wus.lr=0.00001", "recipes.wus.weight_decay=5e-5", "recipes.dfp.lr=0.05"])
+    assert "lr: 1e-05" in path.read_text() and "weight_decay: 5e-05" in path.read_text()
+    cfg = resolve_run(load_params(path), "wus", "cifar10", "lenet", "wus", 0)
+    assert (cfg.recipe.lr, cfg.recipe.weight_decay) == (1e-5, 5e-5)
+    assert resolve_run(load_params(path), "dfp", "cifar10", "lenet", "dfp", 0).recipe.lr == 0.05
+    path.write_text("a: [1e-5, 1e5, -2.5E+3, .5e-3, 1.0, 1_000, 1e, e5, '1e-5', 0x10, yes]\n")
+    assert load_params(path) == {"a": [1e-5, 1e5, -2500.0, 5e-4, 1.0, 1000, "1e", "e5", "1e-5", 16, True]}
+
+
 def test_a_named_configuration_of_a_method_trains_it_at_other_settings_under_its_own_name():
     params = with_change("methods.dfp_half", {"method": "dfp", "prune_num": 0.5})
     params["grid"]["dfp"]["methods"].append("dfp_half")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,12 +110,29 @@ class RunConfig:
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+class ParamsLoader(yaml.SafeLoader):
+    """YAML as DVC writes it: `dvc exp run -S recipes.wus.lr=0.00001` writes `1e-05`, a float in YAML 1.2 but a string
+    to PyYAML's YAML 1.1 rules (a float there has a dot and a signed exponent)."""
+
+
+ParamsLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str) -> Any:
+    """Parse YAML text as params are read (ParamsLoader); yaml.YAMLError if it is not YAML."""
+    return yaml.load(text, Loader=ParamsLoader)  # a SafeLoader: no Python objects
+
+
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"params file {path} not found (run from the repository root, or pass --params)")
     try:
-        params = yaml.safe_load(path.read_text())
+        params = read_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise UserError(f"params file {path} is not valid YAML: {e}") from e
     if not isinstance(params, dict):
