@@ -31,8 +31,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int, run_main
@@ -49,13 +47,14 @@ def quick_params() -> dict[str, Any]:
     of RUNS only."""
     from dvc.utils.hydra import apply_overrides
 
+    from cheaptrain.config import load_params
     from cheaptrain.quick import overrides
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "params.yaml"
         shutil.copy(REPO / "params.yaml", path)
-        apply_overrides(path, overrides(yaml.safe_load((REPO / "params.quick.yaml").read_text())))
-        params = yaml.safe_load(path.read_text())
+        apply_overrides(path, overrides(load_params(REPO / "params.quick.yaml")))
+        params = load_params(path)
     for study in ("dfp", "wus"):
         params["grid"][study]["methods"] = [method for s, method in RUNS if s == study]
     return params

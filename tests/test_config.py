@@ -241,18 +241,21 @@ def test_unreadable_params_file_is_a_user_error(tmp_path):
 
 
 def test_values_that_dvc_exp_run_set_are_read_as_dvc_wrote_them(tmp_path):
-    """`dvc exp run -S recipes.wus.lr=0.00001` writes `1e-05` into params.yaml: a float (YAML 1.2), not a string."""
+    """DVC writes params as YAML 1.2: `dvc exp run -S recipes.wus.lr=0.00001` writes `1e-05`, a float (a string to
+    YAML 1.1), and `-S train.amp=off` writes `off`, a string (false to YAML 1.1)."""
     from dvc.utils.hydra import apply_overrides
 
     path = tmp_path / "params.yaml"
     path.write_text((REPO / "params.yaml").read_text())
-    apply_overrides(path, ["recipes.wus.lr=0.00001", "recipes.wus.weight_decay=5e-5", "recipes.dfp.lr=0.05"])
-    assert "lr: 1e-05" in path.read_text() and "weight_decay: 5e-05" in path.read_text()
+    settings = ["recipes.wus.lr=0.00001", "recipes.wus.weight_decay=5e-5", "recipes.dfp.lr=0.05", "train.amp=off"]
+    apply_overrides(path, settings)
+    assert all(line in path.read_text() for line in ("lr: 1e-05", "weight_decay: 5e-05", "amp: off"))
     cfg = resolve_run(load_params(path), "wus", "cifar10", "lenet", "wus", 0)
-    assert (cfg.recipe.lr, cfg.recipe.weight_decay) == (1e-5, 5e-5)
+    assert (cfg.recipe.lr, cfg.recipe.weight_decay, cfg.amp) == (1e-5, 5e-5, "off")
     assert resolve_run(load_params(path), "dfp", "cifar10", "lenet", "dfp", 0).recipe.lr == 0.05
-    path.write_text("a: [1e-5, 1e5, -2.5E+3, .5e-3, 1.0, 1_000, 1e, e5, '1e-5', 0x10, yes]\n")
-    assert load_params(path) == {"a": [1e-5, 1e5, -2500.0, 5e-4, 1.0, 1000, "1e", "e5", "1e-5", 16, True]}
+    path.write_text("a: [1e-5, 1e5, -2.5E+3, .5e-3, 1.0, 1_000, 1e, e5, '1e-5', 0x10, true, False, on, off, yes, No]\n")
+    expected = [1e-5, 1e5, -2500.0, 5e-4, 1.0, 1000, "1e", "e5", "1e-5", 16, True, False, "on", "off", "yes", "No"]
+    assert load_params(path) == {"a": expected}
 
 
 def test_a_named_configuration_of_a_method_trains_it_at_other_settings_under_its_own_name():

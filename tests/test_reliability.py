@@ -742,11 +742,12 @@ def test_set_trains_with_a_params_value_for_one_command_and_a_bad_one_fails_befo
     assert not (repo / "checkpoints").exists() and not (repo / "runs").exists()
 
     shorter = ["-S", "recipes.wus.epochs=3", "-S", "recipes.wus.step_size=2", "-S", "methods.wus.patience=2"]
-    run_in(repo, "python", "stages/train.py", *run, *shorter, "-S", "recipes.wus.weight_decay=1e-5")
+    yaml12 = ["-S", "recipes.wus.weight_decay=1e-5", "-S", "train.amp=off"]  # YAML 1.1 reads a string, a false
+    run_in(repo, "python", "stages/train.py", *run, *shorter, *yaml12)
     out = repo / "runs" / "wus" / "cifar10-lenet-wus-s0"
     config = json.loads((out / "run.json").read_text())["config"]
     assert (config["recipe"]["epochs"], config["recipe"]["step_size"], config["method_args"]["patience"]) == (3, 2, 2)
-    assert config["recipe"]["weight_decay"] == 1e-5  # a float without a dot, as YAML 1.2 and DVC's -S read it
+    assert (config["recipe"]["weight_decay"], config["amp"]) == (1e-5, "off")
     assert len(read_csv(out / "history.csv")) == 3
     assert (repo / "params.yaml").read_text() == params_before
 

@@ -111,14 +111,20 @@ class RunConfig:
 
 
 class ParamsLoader(yaml.SafeLoader):
-    """YAML as DVC writes it: `dvc exp run -S recipes.wus.lr=0.00001` writes `1e-05`, a float in YAML 1.2 but a string
-    to PyYAML's YAML 1.1 rules (a float there has a dot and a signed exponent)."""
+    """YAML as DVC writes it: YAML 1.2's booleans and floats, where PyYAML follows YAML 1.1. `dvc exp run -S
+    train.amp=off` writes `amp: off`, a string in YAML 1.2 but false in YAML 1.1 (as are on, yes, no);
+    `-S recipes.wus.lr=0.00001` writes `lr: 1e-05`, a float in YAML 1.2 but a string in YAML 1.1 (a float there has
+    a dot and a signed exponent)."""
 
 
+BOOL, FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+ParamsLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ParamsLoader.add_implicit_resolver(BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 ParamsLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
+    FLOAT, re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789.")
 )
 
 

@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cheaptrain import atomic_write
+from cheaptrain.config import read_yaml
 
 
 def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the dvc command without running it")
     parser.add_argument("dvc_args", nargs=argparse.REMAINDER, help="after --: more arguments for `dvc exp run`")
     args = parser.parse_args(argv)
-    overlay = yaml.safe_load(Path(args.overlay).read_text()) or {}
+    overlay = read_yaml(Path(args.overlay).read_text()) or {}
     extra = args.dvc_args[1:] if args.dvc_args[:1] == ["--"] else args.dvc_args
     command = ["dvc", "exp", "run", *[a for o in overrides(overlay) for a in ("-S", o)], *extra]
     print(shlex.join(command), flush=True)
