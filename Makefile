@@ -60,6 +60,7 @@ ledger: $(BIN)/.installed
 # gpu-ledger/<run>.log; fails when one of them failed. Detached, the runs outlive a time-limited command:
 #   setsid nohup make gpu-ledger STUDY=wus MODEL=resnet18 METHODS="baseline wus wus_lr" SETTINGS="-S train.compile=true" &
 gpu-ledger: SEED ?= 0
+gpu-ledger: GPU_LEDGER_LOG = gpu-ledger/$(STUDY)-cifar10-$(MODEL)-$$method-s$(SEED).log
 gpu-ledger:
 	@test -n "$(STUDY)" -a -n "$(MODEL)" -a -n "$(METHODS)" || { \
 	  echo 'usage: make gpu-ledger STUDY=dfp|wus MODEL=<model> METHODS="<method> ..." [SEED=0] [SETTINGS="-S key=value ..."] [CIFAR10=<archive>]'; \
@@ -67,8 +68,8 @@ gpu-ledger:
 	test -d data/prepared/cifar10 || CIFAR10_SOURCE=$(CIFAR10) $(PYTHON) stages/download.py --dataset cifar10 --no-mlflow
 	@mkdir -p gpu-ledger
 	@pids=; for method in $(METHODS); do \
-	  log=gpu-ledger/$(STUDY)-cifar10-$(MODEL)-$$method-s$(SEED).log; echo "$$method: training, log in $$log"; \
+	  log=$(GPU_LEDGER_LOG); echo "$$method: training, log in $$log"; \
 	  $(PYTHON) stages/train.py --study $(STUDY) --dataset cifar10 --model $(MODEL) --method $$method --seed $(SEED) \
 	    --no-mlflow $(SETTINGS) > $$log 2>&1 & pids="$$pids $$!"; \
 	done; failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
-	for method in $(METHODS); do tail -n 1 gpu-ledger/$(STUDY)-cifar10-$(MODEL)-$$method-s$(SEED).log; done; exit $$failed
+	for method in $(METHODS); do tail -n 1 $(GPU_LEDGER_LOG); done; exit $$failed
