@@ -1,0 +1,398 @@
+"""GPU session: a short lease of a GPU machine used in one command that ends before its time limit (docs/gpu.md). It
+picks the fastest setting, trains into the ledger the runs that can end before its deadline, and packs their entries.
+Needs what gpu_check needs (PyTorch, numpy, PyYAML, tqdm); no MLflow, no DVC. Run it from the repository root:
+
+    python3 benchmarks/gpu_session.py OUT [--minutes 9] [--runs STUDY:MODEL:METHOD[:SEED] ...] [--parallel 2]
+                                          [--cifar10 carry/cifar10-jpg.tar.gz] [--params params.yaml] [--collect]
+
+A lent machine keeps nothing once it goes back, and one command ends within 10 minutes: a run that has not ended by
+then is lost (its checkpoint is far too large to bring back). So, within --minutes of the command's start:
+1. data: CIFAR-10 prepared from --cifar10 unless data/prepared/cifar10 holds it;
+2. race: the first pending run's model, its training images/s in each candidate setting (eager; CUDA graphs; CUDA
+   graphs with fused SGD and cudnn.benchmark; each in the device's default autocast, bf16 on CUDA), as gpu_check
+   measures it (steady state after an untimed first epoch, which compiles and records the graphs). The fastest trains
+   every run of the session; another model is measured in it when a run of that model is next and nothing trains;
+3. train: the pending runs (those without a ledger entry) in order, at most --parallel at once. A run starts only
+   if it ends before the deadline, estimated with every epoch full at its model's rate, plus its first epoch and
+   evaluation, and if every run training now still does (at its own pace, once it has one). When a run's pace
+   needs over 1.25x the time left, the newest run is stopped, so that the device serves the older ones; from then
+   on the estimates count the runs at once as sharing one device (each at its rate / the number of runs);
+4. pack, into OUT: ledger.tar.gz (the entries of the runs that ended: `tar xzf` it in the repository, then commit
+   the entries), logs.tar.gz (each run's log), race.csv, session.txt (everything printed).
+Runs still training at the deadline go on, detached, as long as the machine stays: `--collect` waits for them (up to
+--minutes) and packs again. Each run is `stages/train.py ... --no-mlflow -S train.compile=...`: the setting is
+recorded in its entry. On a CPU (`--device cpu`, eager only, `--quick` sizes) the script checks itself.
+"""
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check, beside this file
+from gpu_check import FULL, QUICK, REPO, Rate, Sizes, Variant, device_name, runs_config, skipped, steady_rate
+
+from cheaptrain import UserError
+from cheaptrain.config import RunConfig, load_params, resolve_run, validate_grid
+
+DEFAULT_RUNS = [  # issue 17's order
+    f"wus:{model}:{method}"
+    for model in ("resnet18", "vgg11", "alexnet", "vgg16")
+    for method in ("baseline", "wus", "wus_lr")
+]
+CANDIDATES = (
+    Variant("eager", compile=False),
+    Variant("CUDA graphs", compile="reduce-overhead"),
+    Variant("graphs, fused, benchmark", compile="reduce-overhead", fused_sgd=True, cudnn_benchmark=True),
+)
+EVALUATION = 1.1  # an epoch's evaluation (the test split, forward only) on top of its training
+START_S = 20  # a run's process start: imports, the data onto the device
+STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
+MEASURE_S = 60  # the least time left in which another model is measured
+PACE_EPOCHS = 3  # epochs after its first that give a run's own pace, which then replaces its estimate
+POLL_S = 5
+STATE = Path("gpu-session")  # the runs started (state.json) and their logs: what --collect reads
+
+
+@dataclass(frozen=True)
+class Spec:
+    study: str
+    model: str
+    method: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.study}/cifar10-{self.model}-{self.method}-s{self.seed}"
+
+    @property
+    def entry(self) -> Path:
+        return Path("ledger") / self.name
+
+    @property
+    def log(self) -> Path:
+        return STATE / f"{self.name.replace('/', '-')}.log"
+
+    def done(self) -> bool:
+        return (self.entry / "metrics.json").is_file()
+
+
+def parse_run(text: str) -> Spec:
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or not all(parts) or (len(parts) == 4 and not parts[3].isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected STUDY:MODEL:METHOD or STUDY:MODEL:METHOD:SEED")
+    return Spec(*parts[:3], int(parts[3]) if len(parts) == 4 else 0)
+
+
+@dataclass
+class Training:
+    """A run started by this session: its process, and its epochs as seen in its log."""
+
+    spec: Spec
+    epochs: int
+    estimate_s: float  # at its start, for the runs at once then
+    process: subprocess.Popen | None  # None for a run found by --collect (its pid in `pid`)
+    pid: int
+    started: float = field(default_factory=time.monotonic)
+    seen: list[tuple[float, int]] = field(default_factory=list)  # (time, epoch) at each new epoch seen
+    since: int = 1  # the epoch its pace counts from: not before its first, which compiles
+    stopped: bool = False
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        return True
+
+    def epoch(self) -> int:
+        """The last epoch its log reports (the train stage writes a line per epoch where no progress bar shows)."""
+        try:
+            with open(self.spec.log, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return 0
+        found = re.findall(r": epoch (\d+)/\d+ ", tail)
+        return int(found[-1]) if found else 0
+
+    def observe(self, now: float) -> None:
+        epoch = self.epoch()
+        if not self.seen or self.seen[-1][1] != epoch:
+            self.seen.append((now, epoch))
+
+    def pace(self) -> float | None:
+        """Seconds an epoch over its last PACE_EPOCHS epochs since `since`, once it has run that many."""
+        recent = [seen for seen in self.seen if seen[1] >= self.since][-PACE_EPOCHS - 1 :]
+        if len(recent) <= PACE_EPOCHS:
+            return None
+        return (recent[-1][0] - recent[0][0]) / (recent[-1][1] - recent[0][1])
+
+    def settle(self) -> None:
+        """Measure its pace anew from its next epoch on (the runs beside it changed)."""
+        self.since = max(self.since, self.seen[-1][1] if self.seen else 1)
+
+    def late(self, now: float, time_left: float) -> bool:
+        """Whether its own pace needs over STOP_AT x the time left (never before it has a pace)."""
+        return self.pace() is not None and self.left_s(now) > STOP_AT * time_left
+
+    def left_s(self, now: float) -> float:
+        """Seconds to its end: at its own pace once it has one, else what its estimate leaves."""
+        self.observe(now)
+        pace = self.pace()
+        if pace is not None:
+            return (self.epochs - self.seen[-1][1]) * pace
+        return max(0.0, self.estimate_s - (now - self.started))
+
+
+class Session:
+    def __init__(self, out: Path, deadline: float, log: list[str]) -> None:
+        self.out, self.deadline, self.lines = out, deadline, log
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+        (self.out / "session.txt").write_text("\n".join(self.lines) + "\n")
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def prepare_data(session: Session, archive: Path | None) -> None:
+    if (Path("data/prepared/cifar10") / "manifest.json").is_file():
+        return
+    if archive is None or not archive.is_file():
+        raise UserError(f"data/prepared/cifar10 is missing and --cifar10 {archive} is not a file: copy the CIFAR-10 "
+                        "archive into the checkout (carry/) and name it")  # fmt: skip
+    session.say(f"preparing CIFAR-10 from {archive}")
+    subprocess.run([sys.executable, str(REPO / "stages/download.py"), "--dataset", "cifar10", "--no-mlflow"],
+                   env=os.environ | {"CIFAR10_SOURCE": str(archive)}, check=True)  # fmt: skip
+
+
+def measure(session: Session, model: str, variant: Variant, device: torch.device, sizes: Sizes) -> Rate | None:
+    """`model`'s steady training rate in `variant` (None if it failed: the reason printed)."""
+    torch._dynamo.reset()
+    try:
+        rate = steady_rate(runs_config(model, device, sizes.batch), sizes, variant)
+    except Exception as error:  # the next candidate still runs
+        session.say(f"{model:10} {variant.name:26} FAILED: {type(error).__name__}: {str(error).strip()[:200]}")
+        return None
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the runs, other processes, get the device's memory
+    session.say(f"{model:10} {variant.name:26} {rate.images_per_s:10.0f} {rate.first_epoch_s:8.1f}"
+                f"{skipped(rate, device)}")  # fmt: skip
+    return rate
+
+
+def settings(variant: Variant, device: torch.device) -> list[str]:
+    """The -S overrides that train a run in `variant` on `device`."""
+    compile = {False: "false", True: "true"}.get(variant.compile, variant.compile)  # type: ignore[arg-type]
+    values = [f"train.compile={compile}", f"train.fused_sgd={str(variant.fused_sgd).lower()}",
+              f"train.cudnn_benchmark={str(variant.cudnn_benchmark).lower()}"]  # fmt: skip
+    return values + ([f"train.device={device}", "train.threads=1"] if device.type != "cuda" else [])
+
+
+def estimate_s(epochs: int, train_size: int, rate: Rate, at_once: int) -> float:
+    """A run's seconds, every epoch full, at its model's rate shared by `at_once` runs."""
+    return START_S + rate.first_epoch_s + epochs * train_size * at_once / rate.images_per_s * EVALUATION
+
+
+def pack(session: Session, started: list[Spec]) -> int:
+    """The finished runs' entries and every run's log into OUT; rewritten each time, so an early stop keeps them."""
+    ended = [spec for spec in started if spec.done()]
+    with tarfile.open(session.out / "ledger.tar.gz", "w:gz") as tar:
+        for spec in ended:
+            tar.add(spec.entry)
+    with tarfile.open(session.out / "logs.tar.gz", "w:gz") as tar:
+        for spec in started:
+            if spec.log.is_file():
+                tar.add(spec.log)
+    names = ", ".join(spec.name for spec in ended) or "none"
+    session.say(f"-> {session.out / 'ledger.tar.gz'}: the entries of {len(ended)} runs ({names})")
+    return len(ended)
+
+
+def train(
+    session: Session, args: argparse.Namespace, configs: dict[Spec, RunConfig], device: torch.device, sizes: Sizes
+) -> None:
+    """Race the settings on the first pending run's model, then train the runs that fit, `args.parallel` at once."""
+    pending = list(configs)
+    session.say(f"race: training images/s at batch {sizes.batch}, steady state ({sizes.batches} batches an epoch); "
+                "first s: its untimed first epoch (compiling)")  # fmt: skip
+    session.say(f"{'model':10} {'setting':26} {'images/s':>10} {'first s':>8}")
+    candidates = CANDIDATES if device.type == "cuda" else CANDIDATES[:1]  # compiling a CPU's graphs takes minutes
+    first = pending[0].model
+    race = {variant: measure(session, first, variant, device, sizes) for variant in candidates}
+    fine = {variant: rate for variant, rate in race.items() if rate is not None}
+    with open(session.out / "race.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["model", "setting", "images_per_s", "first_epoch_s", "graphs_skipped", "device"])
+        for variant, rate in race.items():
+            figures = [round(rate.images_per_s, 1), round(rate.first_epoch_s, 2), rate.graphs_skipped] if rate else []
+            writer.writerow([first, variant.name, *(figures or ["", "", ""]), device_name(device)])
+    if not fine:
+        raise UserError(f"every setting failed on {first}: nothing to train with")
+    best = max(fine, key=lambda variant: fine[variant].images_per_s)
+    rates = {first: fine[best]}
+    session.say(f"-> every run trains as '{best.name}': {' '.join(f'-S {s}' for s in settings(best, device))}")
+    runs: list[Training] = []
+    queue, packed = list(pending), 0
+    shared = False  # until runs at once are seen to slow each other down: then each counts as sharing the device
+    write_state(runs)
+    while True:
+        now = time.monotonic()
+        active = [run for run in runs if not run.stopped and run.alive()]
+        for run in active:
+            run.observe(now)
+        late = next((run for run in active if run.late(now, session.left())), None)
+        if late:  # the newest run goes: the last in order, and the one whose start may have slowed the others
+            newest = active.pop()
+            session.say(f"{newest.spec.name}: stopped at epoch {newest.epoch()}: {late.spec.name} needs about "
+                        f"{late.left_s(now):.0f} s, {session.left():.0f} s left")  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                os.killpg(newest.pid, signal.SIGTERM)  # its group: the train stage, and torchrun's workers if any
+            newest.stopped, shared = True, True
+            for run in active:
+                run.settle()
+        if sum(run.spec.done() for run in runs) > packed:  # packed as each run ends: a cut-off command keeps it
+            packed = pack(session, [run.spec for run in runs])
+        for spec in list(queue):
+            if len(active) >= args.parallel:
+                break
+            if spec.model not in rates:
+                if active or session.left() < MEASURE_S:
+                    continue  # measured only while nothing trains
+                rate = measure(session, spec.model, best, device, sizes)
+                if rate is None:
+                    queue.remove(spec)
+                    continue
+                rates[spec.model] = rate
+            cfg = configs[spec]
+            at_once = len(active) + 1 if shared else 1
+            need = estimate_s(cfg.recipe.epochs, train_size(cfg), rates[spec.model], at_once)
+            slowed = at_once / max(1, len(active)) if shared else 1.0
+            if need > session.left() or any(run.left_s(now) * slowed > session.left() for run in active):
+                continue  # perhaps later, with fewer runs at once
+            queue.remove(spec)
+            active.append(start(session, args, spec, cfg.recipe.epochs, need, settings(best, device)))
+            runs.append(active[-1])
+            write_state(runs)
+        if not active:
+            break
+        if session.left() <= 0:
+            session.say(f"deadline: {', '.join(run.spec.name for run in active)} still training (--collect waits)")
+            break
+        time.sleep(POLL_S)
+    for spec in queue:
+        session.say(f"{spec.name}: not started: it would not end in time")
+    report(session, runs)
+
+
+def train_size(cfg: RunConfig) -> int:
+    """The training split's size, from the prepared data's manifest."""
+    manifest = json.loads((cfg.data_dir / "manifest.json").read_text())
+    return int(manifest["splits"]["train"]["count"])
+
+
+def start(
+    session: Session, args: argparse.Namespace, spec: Spec, epochs: int, need: float, overrides: list[str]
+) -> Training:
+    """Start `spec`'s train stage, detached: the run outlives this command while the machine stays."""
+    STATE.mkdir(exist_ok=True)
+    command = [sys.executable, str(REPO / "stages/train.py"), "--study", spec.study, "--dataset", "cifar10",
+               "--model", spec.model, "--method", spec.method, "--seed", str(spec.seed), "--params", args.params,
+               "--no-mlflow", *[word for s in overrides for word in ("-S", s)]]  # fmt: skip
+    with open(spec.log, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    session.say(f"{spec.name}: started, about {need:.0f} s ({session.left():.0f} s left), log {spec.log}")
+    return Training(spec, epochs, need, process, process.pid)
+
+
+def write_state(runs: list[Training]) -> None:
+    STATE.mkdir(exist_ok=True)
+    state = [{"run": f"{r.spec.study}:{r.spec.model}:{r.spec.method}:{r.spec.seed}", "pid": r.pid,
+              "epochs": r.epochs, "estimate_s": r.estimate_s} for r in runs]  # fmt: skip
+    (STATE / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+
+
+def report(session: Session, runs: list[Training]) -> None:
+    for run in runs:
+        status = "ended" if run.spec.done() else "stopped" if run.stopped else "training" if run.alive() else "failed"
+        session.say(f"{run.spec.name}: {status} at epoch {run.epoch()}/{run.epochs}")
+    pack(session, [run.spec for run in runs])
+
+
+def collect(session: Session) -> None:
+    """Wait for the runs a session started and left training, until they end or the deadline; pack."""
+    path = STATE / "state.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: no session started runs here")
+    runs = [Training(parse_run(item["run"]), item["epochs"], item["estimate_s"], None, item["pid"])
+            for item in json.loads(path.read_text())]  # fmt: skip
+    while any(run.alive() for run in runs) and session.left() > 0:
+        time.sleep(POLL_S)
+    report(session, runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="folder for what comes back: the entries, logs, race, session.txt")
+    parser.add_argument("--minutes", type=float, default=9.0, help="this command's time (default: %(default)s)")
+    parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run(r) for r in DEFAULT_RUNS],
+                        help="STUDY:MODEL:METHOD[:SEED], in order (default: the WUS runs of issue 17)")  # fmt: skip
+    parser.add_argument("--parallel", type=int, default=2, help="most runs at once (default: %(default)s)")
+    parser.add_argument("--cifar10", type=Path, default=Path("carry/cifar10-jpg.tar.gz"),
+                        help="the CIFAR-10 archive, used if data/prepared/cifar10 is missing")  # fmt: skip
+    parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="gpu_check's tiny race sizes: checks this script")
+    parser.add_argument("--collect", action="store_true", help="only wait for the runs left training, and pack")
+    args = parser.parse_args()
+    if args.parallel < 1:
+        parser.error("--parallel must be at least 1")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
+    deadline = time.monotonic() + 60 * args.minutes
+    args.out.mkdir(parents=True, exist_ok=True)
+    session = Session(args.out, deadline, [])
+    session.say(f"gpu_session on {device_name(device)}: torch {torch.__version__}, {args.minutes:g} minutes")
+    try:
+        if args.collect:
+            collect(session)
+            return
+        prepare_data(session, args.cifar10)
+        params = load_params(args.params)
+        validate_grid(params)  # as the train stage does first: a mistake fails here, in seconds, not in every run
+        configs = {}
+        for spec in args.runs:
+            cfg = resolve_run(params, spec.study, "cifar10", spec.model, spec.method, spec.seed)
+            if spec.done():
+                session.say(f"{spec.name}: in the ledger already")
+            else:
+                configs[spec] = cfg
+        if not configs:
+            session.say("nothing to train")
+            return
+        train(session, args, configs, device, QUICK if args.quick else FULL)
+    except UserError as error:
+        session.say(f"error: {error}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""benchmarks/gpu_session.py on the CPU (--device cpu --quick): the race, the runs that fit trained into the ledger
+through the train stage, the rest left unstarted, and what comes back packed."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cheaptrain.prepare import write_prepared
+
+from conftest import REPO, read_csv, synthetic_split
+
+SCRIPT = REPO / "benchmarks" / "gpu_session.py"
+# the train stage records a ledger entry only at a paper's setting: each process of these tests gets it made small
+SMALL_PAPER = """from cheaptrain.papers import PAPERS
+PAPERS["dfp"]["recipe"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}
+"""
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A folder to run in: tiny prepared CIFAR-10, params at the (small) paper setting on the CPU."""
+    train, test = synthetic_split(128, seed=1), synthetic_split(64, seed=2)
+    splits = {"train": (train.images, train.labels), "test": (test.images, test.labels)}
+    write_prepared(tmp_path / "data/prepared/cifar10", splits, train.classes, {"source": "synthetic"})
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["train"] |= {"device": "cpu", "threads": 1, "ledger": "record"}
+    params["recipes"]["dfp"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}
+    params["methods"]["dfp"] |= {"window": 2, "starting_point": 1}  # random_prune's too (one YAML node): epoch 1 prunes
+    params["download"]["datasets"] = ["cifar10"]
+    params["grid"] = {
+        "dfp": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline", "dfp"], "seeds": [0]}
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/sitecustomize.py").write_text(SMALL_PAPER)
+    return tmp_path
+
+
+def session(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPT), "out", "--device", "cpu", "--quick", *args]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo / "site"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600, env=env)
+
+
+def members(path: Path) -> set[str]:
+    with tarfile.open(path) as tar:
+        return {member.name for member in tar.getmembers() if member.isfile()}
+
+
+def test_the_runs_that_fit_train_into_the_ledger_and_come_back_packed(repo):
+    done_before = repo / "ledger/dfp/cifar10-lenet-random_prune-s0"
+    done_before.mkdir(parents=True)
+    (done_before / "metrics.json").write_text("{}")  # in the ledger already: not trained again
+    runs = ["dfp:lenet:baseline", "dfp:lenet:random_prune", "dfp:lenet:dfp:0"]
+    done = session(repo, "--runs", *runs, "--minutes", "8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = repo / "out"
+    assert (out / "session.txt").read_text() == done.stdout
+    (race,) = read_csv(out / "race.csv")  # on a CPU: eager only
+    assert (race["model"], race["setting"], race["device"]) == ("lenet", "eager", "cpu")
+    assert float(race["images_per_s"]) > 0
+    assert "dfp/cifar10-lenet-random_prune-s0: in the ledger already" in done.stdout
+    for method in ("baseline", "dfp"):
+        name = f"dfp/cifar10-lenet-{method}-s0"
+        assert f"{name}: started" in done.stdout and f"{name}: ended at epoch 2/2" in done.stdout
+        run = json.loads((repo / "ledger" / name / "run.json").read_text())
+        assert run["config"]["compile"] is False and run["config"]["device"] == "cpu"  # the race's choice, recorded
+    expected = {f"ledger/dfp/cifar10-lenet-{m}-s0/{f}" for m in ("baseline", "dfp") for f in ("run.json",
+                "metrics.json", "history.csv")}  # fmt: skip
+    assert members(out / "ledger.tar.gz") == expected
+    assert members(out / "logs.tar.gz") == {f"gpu-session/dfp-cifar10-lenet-{m}-s0.log" for m in ("baseline", "dfp")}
+    state = json.loads((repo / "gpu-session/state.json").read_text())
+    assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0"]
+
+    collected = session(repo, "--collect", "--minutes", "1")  # nothing left training: packs the same at once
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    assert members(out / "ledger.tar.gz") == expected
+    again = session(repo, "--runs", *runs)
+    assert again.returncode == 0 and "nothing to train" in again.stdout
+
+
+def test_a_run_that_cannot_end_before_the_deadline_is_not_started(repo):
+    done = session(repo, "--runs", "dfp:lenet:baseline", "--minutes", "0.3")  # a run's start alone is estimated 20 s
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dfp/cifar10-lenet-baseline-s0: not started: it would not end in time" in done.stdout
+    assert members(repo / "out/ledger.tar.gz") == set() and not (repo / "ledger").exists()
+
+
+def test_a_misnamed_run_or_invalid_params_fail_before_the_race(repo):
+    bad = session(repo, "--runs", "dfp:lenet:no_such_method")
+    assert bad.returncode == 1 and "no_such_method" in bad.stdout and not (repo / "out/race.csv").exists()
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["grid"]["dfp"]["methods"].append("dfp_p50")  # window 20: no pruning epoch in 2, as the train stage says
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    invalid = session(repo, "--runs", "dfp:lenet:baseline")
+    assert invalid.returncode == 1 and "methods.dfp_p50" in invalid.stdout and not (repo / "out/race.csv").exists()
+    malformed = session(repo, "--runs", "lenet:baseline")
+    assert malformed.returncode == 2 and "expected STUDY:MODEL:METHOD" in malformed.stderr
+
+
+def load_gpu_session():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("gpu_session", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_runs_time_left_comes_from_its_estimate_then_from_its_own_pace(tmp_path, monkeypatch):
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    run = gpu_session.Training(gpu_session.parse_run("wus:resnet18:wus"), 200, 500.0, None, pid=1, started=start)
+    run.spec.log.parent.mkdir()
+    lines = []
+
+    def epoch(n: int, at: float) -> None:
+        lines.append(f"cifar10-resnet18-wus-s0: epoch {n}/200 · train loss 1.0 · test acc 50.00% · 2.0 s\n")
+        run.spec.log.write_text("".join(lines))
+        run.observe(start + at)
+
+    assert run.left_s(start) == 500.0 and run.pace() is None  # no epoch yet: the estimate
+    assert run.left_s(start + 100) == 400.0
+    for n in range(1, 4):
+        epoch(n, 100 + 3 * n)
+    assert run.left_s(start + 110) == 390.0  # the first epoch (compiling) and two more: no pace yet
+    assert not run.late(start + 110, time_left=100)  # nor is it late before it has a pace
+    epoch(4, 112)
+    assert run.pace() == pytest.approx(3.0)  # epochs 2-4
+    assert run.left_s(start + 112) == pytest.approx(196 * 3.0)
+    assert run.late(start + 112, time_left=196 * 3.0 / 1.3) and not run.late(start + 112, time_left=196 * 3.0 / 1.2)
+    run.settle()  # the runs beside it changed: its pace is measured again, from epoch 4
+    assert run.pace() is None
+    for n, at in ((5, 113), (6, 114), (7, 115)):
+        epoch(n, at)
+    assert run.pace() == pytest.approx(1.0)
