@@ -258,9 +258,10 @@ def train(
         active = [run for run in runs if not run.stopped and run.alive()]
         for run in active:
             run.observe(now)
-        late = next((run for run in active if run.late(now, session.left())), None)
-        if late:  # the newest run goes: the last in order, and the one whose start may have slowed the others
-            newest = active.pop()
+        stop = to_stop(active, now, session.left())
+        if stop:
+            newest, late = stop
+            active.remove(newest)
             session.say(f"{newest.spec.name}: stopped at epoch {newest.epoch()}: {late.spec.name} needs about "
                         f"{late.left_s(now):.0f} s, {session.left():.0f} s left")  # fmt: skip
             with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
@@ -300,6 +301,13 @@ def train(
     for spec in queue:
         session.say(f"{spec.name}: not started: it would not end in time")
     report(session, runs)
+
+
+def to_stop(active: list[Training], now: float, time_left: float) -> tuple[Training, Training] | None:
+    """(the run to stop, the run that is late) when a run is late: the newest goes, the last in order and the one
+    whose start may have slowed the others."""
+    late = next((run for run in active if run.late(now, time_left)), None)
+    return (active[-1], late) if late else None
 
 
 def train_size(cfg: RunConfig) -> int:

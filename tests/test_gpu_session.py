@@ -113,31 +113,46 @@ def load_gpu_session():
     return module
 
 
+def log_epoch(run, n: int, at: float) -> None:
+    """The train stage's line for epoch `n` of `run` appended to its log, which the session reads at time `at`."""
+    run.spec.log.parent.mkdir(exist_ok=True)
+    with open(run.spec.log, "a") as log:
+        log.write(f"{run.spec.name.split('/')[1]}: epoch {n}/{run.epochs} · train loss 1.0 · test acc 50.00% · 2.0 s\n")
+    run.observe(at)
+
+
 def test_a_runs_time_left_comes_from_its_estimate_then_from_its_own_pace(tmp_path, monkeypatch):
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
     run = gpu_session.Training(gpu_session.parse_run("wus:resnet18:wus"), 200, 500.0, None, pid=1, started=start)
-    run.spec.log.parent.mkdir()
-    lines = []
-
-    def epoch(n: int, at: float) -> None:
-        lines.append(f"cifar10-resnet18-wus-s0: epoch {n}/200 · train loss 1.0 · test acc 50.00% · 2.0 s\n")
-        run.spec.log.write_text("".join(lines))
-        run.observe(start + at)
-
     assert run.left_s(start) == 500.0 and run.pace() is None  # no epoch yet: the estimate
     assert run.left_s(start + 100) == 400.0
     for n in range(1, 4):
-        epoch(n, 100 + 3 * n)
+        log_epoch(run, n, start + 100 + 3 * n)
     assert run.left_s(start + 110) == 390.0  # the first epoch (compiling) and two more: no pace yet
     assert not run.late(start + 110, time_left=100)  # nor is it late before it has a pace
-    epoch(4, 112)
+    log_epoch(run, 4, start + 112)
     assert run.pace() == pytest.approx(3.0)  # epochs 2-4
     assert run.left_s(start + 112) == pytest.approx(196 * 3.0)
     assert run.late(start + 112, time_left=196 * 3.0 / 1.3) and not run.late(start + 112, time_left=196 * 3.0 / 1.2)
     run.settle()  # the runs beside it changed: its pace is measured again, from epoch 4
     assert run.pace() is None
     for n, at in ((5, 113), (6, 114), (7, 115)):
-        epoch(n, at)
-    assert run.pace() == pytest.approx(1.0)
+        log_epoch(run, n, start + at)
+    assert run.pace() == pytest.approx(1.0) and run.left_s(start + 115) == pytest.approx(193.0)
+
+
+def test_when_a_run_falls_behind_the_newest_run_is_stopped(tmp_path, monkeypatch):
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    older, newer = (gpu_session.Training(gpu_session.parse_run(f"wus:vgg11:{m}"), 200, 300.0, None, pid=1,
+                                         started=start) for m in ("baseline", "wus"))  # fmt: skip
+    for run, pace in ((older, 2.0), (newer, 1.0)):
+        for n in range(1, 5):
+            log_epoch(run, n, start + 10 + pace * n)
+    now = start + 20
+    assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.2) is None  # within 1.25x the time left
+    assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.3) == (newer, older)  # the older is late
+    assert gpu_session.to_stop([older], now, time_left=196 * 2.0 / 1.3) == (older, older)  # alone, it goes itself
