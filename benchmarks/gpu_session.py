@@ -351,7 +351,8 @@ def collect(session: Session) -> None:
         raise UserError(f"{path} is missing: no session started runs here")
     runs = [Training(parse_run(item["run"]), item["epochs"], item["estimate_s"], None, item["pid"])
             for item in json.loads(path.read_text())]  # fmt: skip
-    while any(run.alive() for run in runs) and session.left() > 0:
+    # a run with its entry has ended, though its process may linger as a zombie where nothing reaps orphans
+    while any(run.alive() and not run.spec.done() for run in runs) and session.left() > 0:
         time.sleep(POLL_S)
     report(session, runs)
 
