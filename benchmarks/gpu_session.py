@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check, beside th
 from gpu_check import FULL, QUICK, REPO, Rate, Sizes, Variant, device_name, runs_config, skipped, steady_rate
 
 from cheaptrain import UserError
-from cheaptrain.config import RunConfig, load_params, resolve_run, validate_grid
+from cheaptrain.config import RunConfig, load_params, resolve_run, train_size, validate_grid
 
 DEFAULT_RUNS = [  # issue 17's order
     f"wus:{model}:{method}"
@@ -159,8 +159,8 @@ class Training:
 
 
 class Session:
-    def __init__(self, out: Path, deadline: float, log: list[str]) -> None:
-        self.out, self.deadline, self.lines = out, deadline, log
+    def __init__(self, out: Path, deadline: float) -> None:
+        self.out, self.deadline, self.lines = out, deadline, []
 
     def say(self, line: str = "") -> None:
         print(line, flush=True)
@@ -284,7 +284,7 @@ def train(
                 rates[spec.model] = rate
             cfg = configs[spec]
             at_once = len(active) + 1 if shared else 1
-            need = estimate_s(cfg.recipe.epochs, train_size(cfg), rates[spec.model], at_once)
+            need = estimate_s(cfg.recipe.epochs, train_size(cfg.data_root, cfg.dataset), rates[spec.model], at_once)
             slowed = at_once / max(1, len(active)) if shared else 1.0
             if need > session.left() or any(run.left_s(now) * slowed > session.left() for run in active):
                 continue  # perhaps later, with fewer runs at once
@@ -308,12 +308,6 @@ def to_stop(active: list[Training], now: float, time_left: float) -> tuple[Train
     whose start may have slowed the others."""
     late = next((run for run in active if run.late(now, time_left)), None)
     return (active[-1], late) if late else None
-
-
-def train_size(cfg: RunConfig) -> int:
-    """The training split's size, from the prepared data's manifest."""
-    manifest = json.loads((cfg.data_dir / "manifest.json").read_text())
-    return int(manifest["splits"]["train"]["count"])
 
 
 def start(
@@ -378,7 +372,7 @@ def main() -> None:
         parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
     deadline = time.monotonic() + 60 * args.minutes
     args.out.mkdir(parents=True, exist_ok=True)
-    session = Session(args.out, deadline, [])
+    session = Session(args.out, deadline)
     session.say(f"gpu_session on {device_name(device)}: torch {torch.__version__}, {args.minutes:g} minutes")
     try:
         if args.collect:
