@@ -7,11 +7,13 @@ instead: the current results become the accepted ones (commit the file).
 
 Each evaluation is one MLflow run in the experiment `check`: every check's value, limit and verdict, and the outcome.
 A run of its own, not a part of the aggregate run: the gate is re-run alone (other thresholds, another reference)
-on the same results, and each verdict then stays beside the thresholds it was reached with.
+on the same results, and each verdict then stays beside the thresholds it was reached with. `--no-mlflow` (or a
+machine without MLflow) evaluates and writes the outcome all the same, and logs nothing.
 """
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -28,7 +30,13 @@ def main() -> None:
     parser.add_argument("--reference", help="reference summary (default: params check.reference)")
     parser.add_argument("--out", default="results/check.json", help="the gate's outcome (default: %(default)s)")
     parser.add_argument("--accept", action="store_true", help="copy the summary to the reference path and exit")
+    parser.add_argument("--no-mlflow", action="store_true", help="evaluate the gate without logging it to MLflow")
     args = parser.parse_args()
+    track = not args.no_mlflow and not args.accept
+    if track and importlib.util.find_spec("mlflow") is None:
+        print("warning: MLflow is not installed: the gate is not tracked (its outcome is still written)",
+              file=sys.stderr)  # fmt: skip
+        track = False
 
     from cheaptrain import atomic_write
     from cheaptrain.aggregate import read_summary
@@ -37,7 +45,7 @@ def main() -> None:
     from cheaptrain.tracking import ensure_experiment, log_check
 
     gate = load_gate(load_params(args.params))
-    if not args.accept:
+    if track:
         ensure_experiment("check")  # an unusable store fails here, before the gate
     summary = read_summary(Path(args.summary))  # validates it before anything is accepted or checked
     if args.accept:
@@ -60,8 +68,9 @@ def main() -> None:
         "not_checked": sum(c.status == "skip" for c in checks),
     }
     atomic_write(Path(args.out), (json.dumps(outcome, indent=2) + "\n").encode())
-    inputs = {"params": args.params, "summary": args.summary, "reference": reference}
-    print(f"MLflow: experiment 'check', run {log_check([dataclasses.asdict(c) for c in checks], outcome, inputs)}")
+    if track:
+        inputs = {"params": args.params, "summary": args.summary, "reference": reference}
+        print(f"MLflow: experiment 'check', run {log_check([dataclasses.asdict(c) for c in checks], outcome, inputs)}")
     if failed:
         sys.exit(1)
 

@@ -63,12 +63,15 @@ def squash(text: str) -> str:
     return "\n".join(" ".join(line.split()) for line in text.splitlines())
 
 
-def gate(tmp_path: Path, rows: list[dict], check: dict, *extra: str) -> subprocess.CompletedProcess:
-    """Run stages/check.py on a summary of `rows` with params `check`."""
+def gate(
+    tmp_path: Path, rows: list[dict], check: dict, *extra: str, track: bool = False
+) -> subprocess.CompletedProcess:
+    """Run stages/check.py on a summary of `rows` with params `check`; with `track`, logging it to MLflow (which
+    tests/test_tracking.py checks), else with --no-mlflow."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"check": check}))
     write(tmp_path / "summary.csv", rows)
     cmd = [sys.executable, str(REPO / "stages" / "check.py"), "--params", "params.yaml", "--summary", "summary.csv",
-           "--out", "check.json", *extra]  # fmt: skip
+           "--out", "check.json", *([] if track else ["--no-mlflow"]), *extra]  # fmt: skip
     env = os.environ | {"PYTHONPATH": str(REPO / "src")}
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env)
 
@@ -83,6 +86,7 @@ def test_gate_passes_a_good_summary_and_shows_what_passed(tmp_path):
     assert json.loads((tmp_path / "check.json").read_text()) == {
         "passed": True, "checks": 7, "violations": 0, "not_checked": 0,
     }  # fmt: skip
+    assert "MLflow" not in result.stdout and not (tmp_path / "mlflow.db").exists()  # --no-mlflow: nothing logged
 
 
 def test_gate_exits_1_with_a_table_of_every_violation(tmp_path):
@@ -247,7 +251,7 @@ def test_accept_makes_the_summary_the_reference_and_a_missing_reference_is_an_er
     malformed = tmp_path / "summary.csv"
     malformed.write_text("study,method\ndfp,dfp\n")
     cmd = [sys.executable, str(REPO / "stages" / "check.py"), "--params", "params.yaml", "--summary", "summary.csv"]
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run([*cmd, "--no-mlflow"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 2 and "is not a summary written by the aggregate stage" in result.stderr
 
 

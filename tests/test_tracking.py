@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import sqlite3
@@ -43,7 +44,7 @@ from cheaptrain.tracking import (
 
 from conftest import REPO, read_csv, run_in, synthetic_split
 
-SEEDS = tuple(range(8))
+SEEDS = tuple(range(4))  # more processes than cores: without the store's lock they migrate it together
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +104,10 @@ def tables(path: Path) -> set[str]:
         return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-def test_eight_processes_create_a_new_sqlite_store_together_and_log_every_epoch(tmp_path):
-    """MLflow creates and migrates a new store's tables in whichever process opens it first; eight at once used to
-    migrate it together ("duplicate column name: step") and leave it half-migrated."""
+def test_four_processes_create_a_new_sqlite_store_together_and_log_every_epoch(tmp_path):
+    """MLflow creates and migrates a new store's tables in whichever process opens it first; without the
+    lock beside it, four at once migrate it together ("duplicate column name: step", "table _alembic_tmp_tags already
+    exists") and leave it half-migrated."""
     repo = two_epoch_repo(tmp_path / "repo")
     (tmp_path / "stores").mkdir()
     path = tmp_path / "stores" / "new.db"
@@ -342,6 +344,22 @@ def test_the_download_stage_prepares_the_data_where_mlflow_is_missing_or_not_wan
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
 
 
+def test_the_check_stage_gates_where_mlflow_is_missing_and_logs_nothing(tmp_path):
+    from test_check import THRESHOLDS, bad, write
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"check": THRESHOLDS}))
+    write(tmp_path / "summary.csv", bad())
+    command = [sys.executable, "-c", _WITHOUT_MLFLOW, str(REPO / "stages" / "check.py"), "--out", "check.json",
+               "--summary", "summary.csv"]  # fmt: skip
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert done.returncode == 1, done.stderr  # the gate fails, as with MLflow
+    assert "MLflow is not installed: the gate is not tracked" in done.stderr and "MLflow:" not in done.stdout
+    assert "FAILED: 3 violation(s) of 7 checks" in " ".join(done.stdout.split())
+    assert json.loads((tmp_path / "check.json").read_text())["violations"] == 3
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_the_check_stage_logs_each_threshold_value_limit_and_verdict(tmp_path, monkeypatch, empty_store):
     from mlflow import MlflowClient
     from test_check import THRESHOLDS, bad, gate
@@ -350,7 +368,7 @@ def test_the_check_stage_logs_each_threshold_value_limit_and_verdict(tmp_path, m
     store = f"sqlite:///{tmp_path / 'store.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     monkeypatch.setenv("DVC_STAGE", "check")
-    result = gate(tmp_path, bad(), THRESHOLDS)
+    result = gate(tmp_path, bad(), THRESHOLDS, track=True)
     assert result.returncode == 1, result.stdout + result.stderr  # the gate fails; logging it does not
     assert "MLflow: experiment 'check', run " in result.stdout
 
@@ -375,7 +393,7 @@ def test_the_check_stage_fails_early_on_an_unusable_store(tmp_path, monkeypatch)
     from test_check import THRESHOLDS, gate, good
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'no' / 'mlflow.db'}")
-    result = gate(tmp_path, good(), THRESHOLDS)
+    result = gate(tmp_path, good(), THRESHOLDS, track=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: cannot use the MLflow tracking store")
     assert "PASSED" not in result.stdout and not (tmp_path / "check.json").exists()
