@@ -82,15 +82,17 @@ def main() -> None:
         parser.error("--study, --dataset, --model, --method and --seed are required (unless --check or --running)")
 
     from cheaptrain.config import load_params, resolve_run, validate_grid
-    from cheaptrain.distributed import from_environment, stop
-    from cheaptrain.runner import keep_freed_memory, train_run
-    from cheaptrain.tracking import INTERRUPTS
 
     params = set_params(load_params(args.params), args.assignments)
     validate_grid(params)
     if args.check:
         print(f"{args.params}{' with -S' if args.assignments else ''}: every run of the grid has valid params")
         return
+    # torch is imported only now: a mistake in the params fails in a fraction of a second, not after its import
+    from cheaptrain.distributed import from_environment, stop
+    from cheaptrain.runner import keep_freed_memory, train_run
+    from cheaptrain.tracking import INTERRUPTS
+
     cfg = resolve_run(params, *run)
     if cfg.processes > 1 and "LOCAL_RANK" not in os.environ:  # not yet under torchrun: start the processes
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.processes}"]
