@@ -42,9 +42,10 @@ def test_queued_and_temp_experiments_log_to_the_workspace_store(tmp_path):
         "recipes.wus.epochs=2", "recipes.wus.step_size=1",
     ]  # fmt: skip
     args = [a for s in settings for a in ("-S", s)]
-    run_in(repo, "dvc", "exp", "run", "--queue", "-n", "queued-exp", *args)
+    stages = ["train_dfp", "train_wus"]  # and the download they depend on: the stages that train and log runs
+    run_in(repo, "dvc", "exp", "run", "--queue", "-n", "queued-exp", *args, *stages)
     run_in(repo, "dvc", "exp", "run", "--run-all")
-    run_in(repo, "dvc", "exp", "run", "--temp", "-n", "temp-exp", *args, "-S", "grid.dfp.seeds=[1]")
+    run_in(repo, "dvc", "exp", "run", "--temp", "-n", "temp-exp", *args, "-S", "grid.dfp.seeds=[1]", *stages)
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     experiments = {e.name: e for e in client.search_experiments()}

@@ -26,7 +26,8 @@ EXACT = (  # summary columns that a loaded machine must not move by a single dig
 )  # fmt: skip
 # OpenMP threads wait for work asleep, not spinning: with spinning, a training thread that shares its core with the
 # busy loop holds up every parallel op of the others, and a run takes many times as long. The arithmetic is the same.
-ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# One thread, as the quick fixture's runs train (the thread count changes the float rounding).
+ENV = {"OMP_WAIT_POLICY": "PASSIVE", "CHEAPTRAIN_THREADS": "1"}
 
 
 def busy_core() -> subprocess.Popen:

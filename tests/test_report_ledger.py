@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,9 +119,10 @@ def cells(report: str, *start: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines() if line.startswith(prefix)]
 
 
-def test_a_fresh_checkout_with_only_ledger_entries_gets_the_papers_scale_section(tmp_path):
+def test_a_fresh_checkout_with_only_ledger_entries_gets_the_papers_scale_section(tmp_path, empty_store):
     """No runs/ and an empty grid: the aggregate stage still summarises the ledger and reports every claim."""
     write_ledger(tmp_path / "ledger")
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
     (tmp_path / "params.yaml").write_text("grid: {}\n")
     out, store = tmp_path / "results", f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = os.environ | {"PYTHONPATH": str(REPO / "src"), "DVC_ROOT": str(tmp_path), "MLFLOW_TRACKING_URI": store}
@@ -178,10 +180,11 @@ def test_a_fresh_checkout_with_only_ledger_entries_gets_the_papers_scale_section
     assert len(logged["data"]) == 68
 
 
-def test_ledger_only_reports_the_ledger_while_the_grid_is_untrained(tmp_path):
+def test_ledger_only_reports_the_ledger_while_the_grid_is_untrained(tmp_path, empty_store):
     """The papers' grid with no run trained: the stage names the missing runs; --ledger-only reports the ledger into
     results/ledger-only/ and leaves the stage's own outputs alone."""
     write_ledger(tmp_path / "ledger")
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "report.md").write_text("the grid's report\n")

@@ -1,4 +1,4 @@
-"""A shared tracking server (issue 18): `python -m cheaptrain.server` starts a real MLflow server on 127.0.0.1; eight
+"""A shared tracking server (issue 18): `python -m cheaptrain.server` starts a real MLflow server on 127.0.0.1; four
 training processes log to it at once; when it goes away mid-run the run stops with one clear error, and once it is
 back the same command resumes and the store ends with every epoch exactly once. One server for the module."""
 
@@ -95,7 +95,7 @@ def test_the_server_refuses_a_half_migrated_store_before_it_starts(tmp_path):
     assert result.stderr.startswith(f"error: cannot use the MLflow tracking store 'sqlite:///{path}': {path} is half")
 
 
-def test_eight_runs_at_once_log_every_epoch_to_the_server(tmp_path, server):
+def test_four_runs_at_once_log_every_epoch_to_the_server(tmp_path, server):
     from mlflow import MlflowClient
 
     repo = two_epoch_repo(tmp_path / "repo")
