@@ -82,7 +82,7 @@ def test_the_loaded_runs_trained_with_the_threads_of_the_unloaded_ones(quick, lo
 
 
 def test_the_gate_passes_under_load(loaded):
-    gate = run_in(loaded, "python", "stages/check.py", check=False)
+    gate = run_in(loaded, "python", "stages/check.py", "--no-mlflow", check=False)
     assert gate.returncode == 0, gate.stdout + gate.stderr
     assert json.loads((loaded / "results" / "check.json").read_text())["passed"] is True
 
