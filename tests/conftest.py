@@ -153,7 +153,6 @@ def quick_started(request, tmp_path_factory):
     log = folder / "quick.log"
     with open(log, "w") as out:
         process = start_in(repo, "python", "-m", "cheaptrain.quick", env=env, stdout=out, stderr=subprocess.STDOUT)
-    os.nice(10)  # the quick pipeline is the session's longest chain: the tests, started after it, yield it the CPU
     yield repo, process, log
     if process.poll() is None:  # the session ended (or was interrupted) before a test waited for it
         os.killpg(process.pid, signal.SIGKILL)
