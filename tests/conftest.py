@@ -159,6 +159,23 @@ def quick_started(request, tmp_path_factory):
         process.wait()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def loaded_started(request, tmp_path_factory):
+    """Starts test_noise's loaded runs (`test_noise.start_loaded`) at the start of the session when one of its tests
+    is selected, so that they train beside the quick pipeline and the other tests, not after them. Yields
+    (repository, process, log file), or None."""
+    if not SHARED_ARCHIVE.is_file() or not any(item.path.name == "test_noise.py" for item in request.session.items):
+        yield None
+        return
+    from test_noise import start_loaded
+
+    started = start_loaded(tmp_path_factory.mktemp("loaded"))
+    yield started
+    if (process := started[1]).poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 @pytest.fixture(scope="session")
 def quick(quick_started, shared_archive) -> Path:
     """The quick pipeline's checkout, once it has finished (started by `quick_started`). Tests only read from it."""
