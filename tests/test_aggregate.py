@@ -7,7 +7,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +31,7 @@ from cheaptrain.aggregate import (
 from cheaptrain.report.equal_cost import cost_table, implementation_of
 from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, saving_figure
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
-from cheaptrain.timing import run_time
+from cheaptrain.timing import REPLICATES, resampled_medians, run_time
 
 from conftest import REPO, grid, read_csv, run_in
 
@@ -190,6 +192,18 @@ def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
         3.01
     )
     assert run_time([{"epoch_train_s": 1.0}], "no work") is None and run_time([], "empty") is None
+
+
+@pytest.mark.parametrize("sizes", [(1,), (2, 1), (199,), (96, 4, 3)])  # kinds of odd and even sizes, one of 1
+def test_resampled_medians_are_bitwise_those_of_python_random_choices(sizes):
+    rng = random.Random(sum(sizes))
+    rates = {f"kind {i}": [rng.uniform(1, 3) for _ in range(n)] for i, n in enumerate(sizes)}
+    seed = f"dfp/cifar10-lenet-dfp-s{len(sizes)}"
+    draws = random.Random(seed)
+    expected = [{k: statistics.median(draws.choices(v, k=len(v))) for k, v in rates.items()} for _ in range(REPLICATES)]
+    medians = resampled_medians(rates, seed)
+    assert list(medians) == list(rates)
+    assert {k: m.tolist() for k, m in medians.items()} == {k: [e[k] for e in expected] for k in rates}
 
 
 def timed_history(seconds: list[float], skip: set[int] = frozenset()) -> list[dict[str, float]]:
@@ -621,6 +635,8 @@ def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
     assert {"tables/summary.json", "tables/dfp_table1.json", "tables/runs.json", "figures/test_acc.png",
             "tables/accuracy_vs_cost.json", "figures/acc_vs_cost.png", "report.md",
             "summary.csv"} <= artifacts  # fmt: skip
+    logged = Path(client.download_artifacts(run.info.run_id, "figures/acc_vs_cost.png", str(tmp_path)))
+    assert logged.read_bytes() == (out / "figures" / "acc_vs_cost.png").read_bytes()  # the figure written, logged
     assert run.data.metrics["dfp/cifar10-lenet-dfp/acc_delta"] == pytest.approx(-0.3)
 
     bad = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "x"), "--runs", str(tmp_path / "none")],

@@ -9,8 +9,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from matplotlib.figure import Figure
-
 from cheaptrain import UserError, atomic_write
 from cheaptrain.aggregate import (
     BASELINE,
@@ -155,11 +153,12 @@ def log_to_mlflow(
     summary: list[dict[str, Any]],
     runs: list[Run],
     tables: list[Table],
-    figs: dict[str, Figure],
     metrics: dict[str, Any],
     files: list[Path],
+    figure_files: list[Path],
 ) -> str:
-    """One MLflow run in the experiment `aggregate`: the tables, the figures, the outputs, links to the runs."""
+    """One MLflow run in the experiment `aggregate`: the tables, the figures (the PNG files written, not drawn
+    again), the outputs, links to the runs."""
     import mlflow
 
     from cheaptrain.tracking import ensure_experiment, flatten, git_commit, tracking_uri
@@ -194,10 +193,10 @@ def log_to_mlflow(
             },
             "tables/runs.json",
         )
-        for file_name, fig in figs.items():
-            mlflow.log_figure(fig, f"figures/{file_name}")
         for path in files:
             mlflow.log_artifact(str(path))
+        for path in figure_files:
+            mlflow.log_artifact(str(path), "figures")
         return active.info.run_id
 
 
@@ -260,8 +259,8 @@ def write_results(
         summary,
         runs,
         [*tables, cost, *scale_tables],
-        figs,
         metrics,
         [out / f for f in ("summary.csv", "report.md", "metrics.json")],
+        [out / "figures" / name for name in figs],
     )
     return summary, run_id
