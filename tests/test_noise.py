@@ -39,6 +39,7 @@ def start_loaded(folder: Path) -> tuple[Path, subprocess.Popen, Path]:
 
     (repo := folder / "repo").mkdir()
     copy_repo(repo)
+    shutil.rmtree(repo / "ledger")  # the gate and these tests read the grid's rows alone: the aggregate takes seconds
     grid = [f"grid.{study}.methods=[{','.join(m for s, m in RUNS if s == study)}]" for study in ("dfp", "wus")]
     apply_overrides(repo / "params.yaml", [*overrides(yaml.safe_load((repo / "params.quick.yaml").read_text())), *grid])
     commands = [["python", "stages/download.py", "--dataset", "cifar10", "--no-mlflow"]] + [
