@@ -13,7 +13,6 @@ machine without MLflow) evaluates and writes the outcome all the same, and logs 
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -32,18 +31,15 @@ def main() -> None:
     parser.add_argument("--accept", action="store_true", help="copy the summary to the reference path and exit")
     parser.add_argument("--no-mlflow", action="store_true", help="evaluate the gate without logging it to MLflow")
     args = parser.parse_args()
-    track = not args.no_mlflow and not args.accept
-    if track and importlib.util.find_spec("mlflow") is None:
-        print("warning: MLflow is not installed: the gate is not tracked (its outcome is still written)",
-              file=sys.stderr)  # fmt: skip
-        track = False
 
     from cheaptrain import atomic_write
     from cheaptrain.aggregate import read_summary
     from cheaptrain.check import evaluate, load_gate, load_reference, render
     from cheaptrain.config import load_params
-    from cheaptrain.tracking import ensure_experiment, log_check
+    from cheaptrain.tracking import ensure_experiment, log_check, mlflow_installed
 
+    track = not args.no_mlflow and not args.accept
+    track = track and mlflow_installed("the gate is not tracked (its outcome is still written)")
     gate = load_gate(load_params(args.params))
     if track:
         ensure_experiment("check")  # an unusable store fails here, before the gate

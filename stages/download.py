@@ -10,7 +10,6 @@ installed (a GPU machine with PyTorch alone) or with `--no-mlflow`, it prepares 
 """
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -28,16 +27,12 @@ def main() -> None:
     parser.add_argument("--cache", default="data/raw", help="download cache (default: %(default)s)")
     parser.add_argument("--no-mlflow", action="store_true", help="prepare the data without logging to MLflow")
     args = parser.parse_args()
-    track = not args.no_mlflow
-    if track and importlib.util.find_spec("mlflow") is None:
-        print("warning: MLflow is not installed: the download is not tracked (the prepared data is still written)",
-              file=sys.stderr)  # fmt: skip
-        track = False
 
     from cheaptrain.config import load_params, validate_grid
     from cheaptrain.prepare import prepare_dataset, resolve_source
-    from cheaptrain.tracking import ensure_experiment, log_download
+    from cheaptrain.tracking import ensure_experiment, log_download, mlflow_installed
 
+    track = not args.no_mlflow and mlflow_installed("the download is not tracked (the prepared data is still written)")
     params = load_params(args.params)
     validate_grid(params)
     settings = (params.get("download") or {}).get(args.dataset) or {}

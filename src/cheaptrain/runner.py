@@ -45,7 +45,15 @@ from cheaptrain.config import RunConfig
 from cheaptrain.data import load_split, prepared_digest
 from cheaptrain.distributed import ONE, Processes, broadcast, device_of, start
 from cheaptrain.methods import METHODS, create_method, implementation
-from cheaptrain.tracking import RunTracker, dataset_ref, device_name, git_commit, project_root, run_tags
+from cheaptrain.tracking import (
+    RunTracker,
+    dataset_ref,
+    device_name,
+    git_commit,
+    mlflow_installed,
+    project_root,
+    run_tags,
+)
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit, resolve_device
 
 IDENTITY_NAMES = {"config": "configuration", "code": "training code", "data": "prepared data", "device": "device"}
@@ -336,13 +344,11 @@ def duration(seconds: float) -> str:
 
 def open_tracker(study: str, track: bool) -> RunTracker | NoTracker:
     """The MLflow run tracker, checked now (before any work), or none when tracking is off."""
-    if not track:
-        return NoTracker()
-    try:
-        import mlflow  # noqa: F401
-    except ImportError:
-        print("warning: MLflow is not installed: this run is not tracked (its outputs and ledger entry are still "
-              "written; `python -m cheaptrain.ledger import` logs a ledger entry later)", file=sys.stderr)  # fmt: skip
+    untracked = (
+        "this run is not tracked (its outputs and ledger entry are still written; "
+        "`python -m cheaptrain.ledger import` logs a ledger entry later)"
+    )
+    if not track or not mlflow_installed(untracked):
         return NoTracker()
     return RunTracker(study)
 

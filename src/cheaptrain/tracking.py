@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import platform
@@ -42,6 +43,15 @@ if TYPE_CHECKING:
 
 # The MLflow UI opens an experiment on the view of its kind; without the tag MLflow 3 shows GenAI traces.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def mlflow_installed(untracked: str) -> bool:
+    """Whether MLflow can be imported. Where it cannot (a GPU machine with PyTorch alone) the caller goes on without
+    tracking, and this says so on stderr: `untracked` names what is not tracked and what is still written."""
+    if importlib.util.find_spec("mlflow") is not None:
+        return True
+    print(f"warning: MLflow is not installed: {untracked}", file=sys.stderr)
+    return False
 
 
 class Interrupts:
