@@ -3,7 +3,8 @@ picks the fastest setting, trains into the ledger the runs that can end before i
 Needs what gpu_check needs (PyTorch, numpy, PyYAML, tqdm); no MLflow, no DVC. Run it from the repository root:
 
     python3 benchmarks/gpu_session.py OUT [--minutes 9] [--runs STUDY:MODEL:METHOD[:SEED] ...] [--parallel 2]
-                                          [--cifar10 carry/cifar10-jpg.tar.gz] [--params params.yaml] [--collect]
+                                          [--setting race|eager|graphs|graphs-fused] [--params params.yaml]
+                                          [--cifar10 carry/cifar10-jpg.tar.gz] [--collect]
 
 A lent machine keeps nothing once it goes back, and one command ends within 10 minutes: a run that has not ended by
 then is lost (its checkpoint is far too large to bring back). So, within --minutes of the command's start:
@@ -11,12 +12,15 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
 2. race: the first pending run's model, its training images/s in each candidate setting (eager; CUDA graphs; CUDA
    graphs with fused SGD and cudnn.benchmark; each in the device's default autocast, bf16 on CUDA), as gpu_check
    measures it (steady state after an untimed first epoch, which compiles and records the graphs). The fastest trains
-   every run of the session; another model is measured in it when a run of that model is next and nothing trains;
+   every run of the session; another model is measured in it when a run of that model is next and nothing trains.
+   `--setting NAME` skips the race and measures that setting alone: the runs of a study that earlier leases trained
+   keep their setting, so that their times compare;
 3. train: the pending runs (those without a ledger entry) in order, at most --parallel at once. A run starts only
-   if it ends before the deadline, estimated with every epoch full at its model's rate, plus its first epoch and
-   evaluation, and if every run training now still does (at its own pace, once it has one). When a run's pace
-   needs over 1.25x the time left, the newest run is stopped, so that the device serves the older ones; from then
-   on the estimates count the runs at once as sharing one device (each at its rate / the number of runs);
+   if it ends before the deadline, estimated with every epoch full at its model's rate, plus what a run spends
+   outside its epochs (START_S, FIRST_EPOCH), and if every run training now still does (at its own pace, once it has
+   one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100 two ResNet-18
+   runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time left, the
+   newest run is stopped, so that the device serves the older ones;
 4. pack, into OUT: ledger.tar.gz (the entries of the runs that ended: `tar xzf` it in the repository, then commit
    the entries), logs.tar.gz (each run's log), race.csv, session.txt (everything printed).
 Runs still training at the deadline go on, detached, as long as the machine stays: `--collect` waits for them (up to
@@ -35,7 +39,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -51,13 +55,18 @@ DEFAULT_RUNS = [  # issue 17's order
     for model in ("resnet18", "vgg11", "alexnet", "vgg16")
     for method in ("baseline", "wus", "wus_lr")
 ]
-CANDIDATES = (
-    Variant("eager", compile=False),
-    Variant("CUDA graphs", compile="reduce-overhead"),
-    Variant("graphs, fused, benchmark", compile="reduce-overhead", fused_sgd=True, cudnn_benchmark=True),
-)
+CANDIDATES = {  # --setting's names
+    "eager": Variant("eager", compile=False),
+    "graphs": Variant("CUDA graphs", compile="reduce-overhead"),
+    "graphs-fused": Variant("graphs, fused, benchmark", "reduce-overhead", cudnn_benchmark=True, fused_sgd=True),
+}
 EVALUATION = 1.1  # an epoch's evaluation (the test split, forward only) on top of its training
-START_S = 20  # a run's process start: imports, the data onto the device
+# A run's time outside its epochs' training and evaluation: the process start, the data onto the device, a checkpoint
+# after every epoch (wall_time_s - train_time_s - eval_time_s of the four ResNet-18 runs an H100 trained: 54-56 s).
+START_S = 55
+# A run's first epoch against the race's: 40.9 s in a new process (beside a second run compiling) against 21.5 s for
+# the race's first epoch of the same graphs, on an H100
+FIRST_EPOCH = 2.0
 STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
 MEASURE_S = 60  # the least time left in which another model is measured
 PACE_EPOCHS = 3  # epochs after its first that give a run's own pace, which then replaces its estimate
@@ -208,7 +217,7 @@ def settings(variant: Variant, device: torch.device) -> list[str]:
 
 def estimate_s(epochs: int, train_size: int, rate: Rate, at_once: int) -> float:
     """A run's seconds, every epoch full, at its model's rate shared by `at_once` runs."""
-    return START_S + rate.first_epoch_s + epochs * train_size * at_once / rate.images_per_s * EVALUATION
+    return START_S + FIRST_EPOCH * rate.first_epoch_s + epochs * train_size * at_once / rate.images_per_s * EVALUATION
 
 
 def pack(session: Session, started: list[Spec]) -> int:
@@ -229,14 +238,14 @@ def pack(session: Session, started: list[Spec]) -> int:
 def train(
     session: Session, args: argparse.Namespace, configs: dict[Spec, RunConfig], device: torch.device, sizes: Sizes
 ) -> None:
-    """Race the settings on the first pending run's model, then train the runs that fit, `args.parallel` at once."""
+    """Race the settings on the first pending run's model (or measure the one named), then train the runs that fit,
+    `args.parallel` at once."""
     pending = list(configs)
     session.say(f"race: training images/s at batch {sizes.batch}, steady state ({sizes.batches} batches an epoch); "
                 "first s: its untimed first epoch (compiling)")  # fmt: skip
     session.say(f"{'model':10} {'setting':26} {'images/s':>10} {'first s':>8}")
-    candidates = CANDIDATES if device.type == "cuda" else CANDIDATES[:1]  # compiling a CPU's graphs takes minutes
     first = pending[0].model
-    race = {variant: measure(session, first, variant, device, sizes) for variant in candidates}
+    race = {variant: measure(session, first, variant, device, sizes) for variant in candidates(args.setting, device)}
     fine = {variant: rate for variant, rate in race.items() if rate is not None}
     with open(session.out / "race.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -247,11 +256,11 @@ def train(
     if not fine:
         raise UserError(f"every setting failed on {first}: nothing to train with")
     best = max(fine, key=lambda variant: fine[variant].images_per_s)
-    rates = {first: fine[best]}
+    # a setting raced after another compiled the same graphs in this process: its first epoch is the first one's
+    rates = {first: replace(fine[best], first_epoch_s=max(rate.first_epoch_s for rate in fine.values()))}
     session.say(f"-> every run trains as '{best.name}': {' '.join(f'-S {s}' for s in settings(best, device))}")
     runs: list[Training] = []
     queue, packed = list(pending), 0
-    shared = False  # until runs at once are seen to slow each other down: then each counts as sharing the device
     write_state(runs)
     while True:
         now = time.monotonic()
@@ -266,7 +275,7 @@ def train(
                         f"{late.left_s(now):.0f} s, {session.left():.0f} s left")  # fmt: skip
             with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
                 os.killpg(newest.pid, signal.SIGTERM)  # its group: the train stage, and torchrun's workers if any
-            newest.stopped, shared = True, True
+            newest.stopped = True
             for run in active:
                 run.settle()
         if sum(run.spec.done() for run in runs) > packed:  # packed as each run ends: a cut-off command keeps it
@@ -283,10 +292,9 @@ def train(
                     continue
                 rates[spec.model] = rate
             cfg = configs[spec]
-            at_once = len(active) + 1 if shared else 1
+            at_once = len(active) + 1  # sharing the device with the runs training now
             need = estimate_s(cfg.recipe.epochs, train_size(cfg.data_root, cfg.dataset), rates[spec.model], at_once)
-            slowed = at_once / max(1, len(active)) if shared else 1.0
-            if need > session.left() or any(run.left_s(now) * slowed > session.left() for run in active):
+            if not can_start(need, active, now, session.left()):
                 continue  # perhaps later, with fewer runs at once
             queue.remove(spec)
             active.append(start(session, args, spec, cfg.recipe.epochs, need, settings(best, device)))
@@ -301,6 +309,20 @@ def train(
     for spec in queue:
         session.say(f"{spec.name}: not started: it would not end in time")
     report(session, runs)
+
+
+def candidates(setting: str, device: torch.device) -> list[Variant]:
+    """The settings to measure: the one named, or the race's (eager alone on a CPU, where compiling takes minutes)."""
+    if setting != "race":
+        return [CANDIDATES[setting]]
+    return list(CANDIDATES.values()) if device.type == "cuda" else [CANDIDATES["eager"]]
+
+
+def can_start(need_s: float, active: list[Training], now: float, time_left: float) -> bool:
+    """Whether a run estimated at `need_s` ends in time, and every run of `active` still does once it shares the
+    device with one run more (each slowed by the number of runs at once)."""
+    slowed = (len(active) + 1) / max(1, len(active))
+    return need_s <= time_left and all(run.left_s(now) * slowed <= time_left for run in active)
 
 
 def to_stop(active: list[Training], now: float, time_left: float) -> tuple[Training, Training] | None:
@@ -358,6 +380,8 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run(r) for r in DEFAULT_RUNS],
                         help="STUDY:MODEL:METHOD[:SEED], in order (default: the WUS runs of issue 17)")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=2, help="most runs at once (default: %(default)s)")
+    parser.add_argument("--setting", choices=["race", *CANDIDATES], default="race",
+                        help="the setting of every run: the race's fastest, or one named (default: race)")  # fmt: skip
     parser.add_argument("--cifar10", type=Path, default=Path("carry/cifar10-jpg.tar.gz"),
                         help="the CIFAR-10 archive, used if data/prepared/cifar10 is missing")  # fmt: skip
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")

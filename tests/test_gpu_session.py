@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from cheaptrain.prepare import write_prepared
@@ -85,7 +86,7 @@ def test_the_runs_that_fit_train_into_the_ledger_and_come_back_packed(repo):
 
 
 def test_a_run_that_cannot_end_before_the_deadline_is_not_started(repo):
-    done = session(repo, "--runs", "dfp:lenet:baseline", "--minutes", "0.3")  # a run's start alone is estimated 20 s
+    done = session(repo, "--runs", "dfp:lenet:baseline", "--minutes", "0.3")  # a run's start alone is estimated 55 s
     assert done.returncode == 0, done.stdout + done.stderr
     assert "dfp/cifar10-lenet-baseline-s0: not started: it would not end in time" in done.stdout
     assert members(repo / "out/ledger.tar.gz") == set() and not (repo / "ledger").exists()
@@ -154,3 +155,31 @@ def test_when_a_run_falls_behind_the_newest_run_is_stopped(tmp_path, monkeypatch
     assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.2) is None  # within 1.25x the time left
     assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.3) == (newer, older)  # the older is late
     assert gpu_session.to_stop([older], now, time_left=196 * 2.0 / 1.3) == (older, older)  # alone, it goes itself
+
+
+def test_the_race_measures_every_setting_on_a_gpu_and_a_named_setting_alone():
+    gpu_session = load_gpu_session()
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    raced = gpu_session.candidates("race", cuda)
+    assert [v.name for v in raced] == ["eager", "CUDA graphs", "graphs, fused, benchmark"]
+    assert [v.name for v in gpu_session.candidates("race", cpu)] == ["eager"]
+    (named,) = gpu_session.candidates("graphs-fused", cuda)
+    assert (named.compile, named.fused_sgd, named.cudnn_benchmark) == ("reduce-overhead", True, True)
+    assert gpu_session.settings(named, cuda) == ["train.compile=reduce-overhead", "train.fused_sgd=true",
+                                                 "train.cudnn_benchmark=true"]  # fmt: skip
+
+
+def test_a_second_run_starts_only_if_both_end_in_time_sharing_the_device(tmp_path, monkeypatch):
+    """As on the H100: a ResNet-18 run at 1.4 s an epoch, 196 epochs left; a second beside it would halve its pace."""
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    first = gpu_session.Training(gpu_session.parse_run("wus:resnet18:baseline"), 200, 400.0, None, pid=1, started=start)
+    for n in range(1, 5):
+        log_epoch(first, n, start + 40 + 1.4 * n)
+    now = start + 50
+    assert first.left_s(now) == pytest.approx(196 * 1.4)  # 274 s
+    assert gpu_session.can_start(100.0, [], now, time_left=424)
+    assert not gpu_session.can_start(100.0, [first], now, time_left=424)  # 549 s for the first, sharing
+    assert gpu_session.can_start(100.0, [first], now, time_left=560)
+    assert not gpu_session.can_start(425.0, [], now, time_left=424)
