@@ -2,7 +2,7 @@
 on one H100). Needs PyTorch with numpy, PyYAML and tqdm; pytest only for the tests; no MLflow, no DVC.
 
     python benchmarks/gpu_check.py OUT [--device cuda] [--quick] [--models lenet resnet18 ...] [--threads N]
-                                       [--sections tests throughput methods concurrency profile tuning]
+                                       [--sections tests throughput methods concurrency profile tuning skip]
 
 Writes under the folder OUT, and prints:
   cuda_tests.log   `pytest -m cuda tests/test_gpu.py` (skipped, saying why, without CUDA or without pytest)
@@ -29,15 +29,23 @@ Writes under the folder OUT, and prints:
                    setting and of changes to it, each against it, as throughput measures them: the train.compile
                    modes max-autotune (CUDA only) and reduce-overhead (CUDA graphs), train.cudnn_benchmark (CUDA
                    only), train.fused_sgd, and a 4x batch; graphs_skipped as in throughput.csv
+  skip.csv         (section `skip`, on request) per model (default resnet18): WUS's skip step against a normal
+                   step, without augmentation as the WUS recipe trains, in the fastest setting measured on an H100
+                   (CUDA graphs, fused SGD, cudnn.benchmark; eager on a CPU): each phase's images per second in
+                   steady state (as throughput), the skip phase's against the normal one's, the graphs run without
+                   CUDA graphs, and of one more epoch under torch.profiler the device's busy share and kernels per
+                   batch. Whether a skip epoch saves time on the device, and if not, why: it runs without CUDA
+                   graphs, or the host's part of a step is as long as a normal step's
+  skip.txt         the top 25 ops of each phase by device time and by host time
   gpu_check.txt    everything printed
   errors.log       the traceback of each setting, method or model that failed (written only where one did)
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
 model that fails is printed as FAILED, with an empty rate in its row, and the check goes on to the next; each table
 is rewritten after every row, so a check stopped midway leaves what it measured. The exit status is 1 when the cuda
 tests fail (or take over 8 minutes) or anything failed. `--sections` runs some of the parts (default: all but
-`profile` and `tuning`), to fit a machine that limits each command's time: e.g. `--sections tests`, `--sections
-throughput`, then `--sections methods concurrency`; `--sections profile tuning` says where a step's time goes and
-what would win it back.
+`profile`, `tuning` and `skip`), to fit a machine that limits each command's time: e.g. `--sections tests`,
+`--sections throughput`, then `--sections methods concurrency`; `--sections profile tuning` says where a step's time
+goes and what would win it back, `--sections skip` what a WUS skip epoch costs.
 
 `--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
 N = 1, 2.
@@ -73,13 +81,14 @@ try:
     from cheaptrain.config import Recipe, RunConfig
     from cheaptrain.data import Split
     from cheaptrain.methods import METHODS, Method, create_method
-    from cheaptrain.trainer import fit, prepare, train_epoch
+    from cheaptrain.methods.wus import SKIP, WeightUpdateSkipping
+    from cheaptrain.trainer import Training, fit, prepare, train_epoch
 except ModuleNotFoundError as missing:  # the project's light dependencies: no MLflow, no DVC
     sys.exit(f"error: gpu_check needs PyTorch, numpy, PyYAML and tqdm: {missing}")
 
 MODELS = ("resnet18", "lenet", "alexnet", "vgg11", "vgg16", "wrn16")  # resnet18 first: the issue's target
 SMALL_MODELS = ("lenet", "alexnet")  # the concurrency measurement: models too small to fill the device alone
-FOCUS_MODEL = "resnet18"  # the profile and tuning sections' model, unless --models names others
+FOCUS_MODEL = "resnet18"  # the profile, tuning and skip sections' model, unless --models names others
 METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip before epoch 5, so it trains normally
     "dfp": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
     "random_prune": dict(window=2, starting_point=1, attenuation=1.0, block=1, count=1, prune_num=0.3),
@@ -89,8 +98,8 @@ METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip b
 }
 # (train.compile, train.amp) of the throughput table; the last on CUDA only (on a CPU it is the compiled bf16 row)
 THROUGHPUT_SETTINGS = ((False, "off"), (False, "bf16"), (True, "off"), (True, "bf16"), ("reduce-overhead", "bf16"))
-SECTIONS = ("tests", "throughput", "methods", "concurrency", "profile", "tuning")
-DEFAULT_SECTIONS = SECTIONS[:4]  # profile and tuning on request: they explain a rate rather than check one
+SECTIONS = ("tests", "throughput", "methods", "concurrency", "profile", "tuning", "skip")
+DEFAULT_SECTIONS = SECTIONS[:4]  # profile, tuning and skip on request: they explain a rate rather than check one
 TESTS_TIMEOUT_S = 480  # the cuda tests, so that a hung test leaves time for the report
 WAIT_S = 300  # the longest a concurrency worker waits for the others, or the parent for a worker
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -165,14 +174,14 @@ class GraphSkips(logging.Handler):
         self.count = counters["inductor"]["cudagraph_skips"] - self.before
 
 
-def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None) -> Rate:
+def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None, t: "Training | None" = None) -> Rate:
     """cfg's training loop in steady state (changed by `variant` if given): images per second, the median of the
-    timed epochs after an untimed first one."""
+    timed epochs after an untimed first one. `t`: a run prepared with cfg already (the baseline's, if not given)."""
     variant = variant or Variant("as configured")
     cfg = variant.config(cfg)
-    train = synthetic_split(cfg.recipe.batch_size * sizes.batches, seed=1)
     with GraphSkips() as skips:
-        t = prepare(cfg, train, synthetic_split(sizes.batch, seed=2), Method())
+        t = t or prepare(cfg, synthetic_split(cfg.recipe.batch_size * sizes.batches, seed=1),
+                         synthetic_split(sizes.batch, seed=2), Method())  # fmt: skip
         first = train_epoch(t, 1, cfg.recipe.lr)["epoch_train_s"]
         rows = [train_epoch(t, epoch, cfg.recipe.lr) for epoch in range(2, 2 + sizes.timed_epochs)]
     rate = statistics.median(row["trained_samples"] / row["epoch_train_s"] for row in rows)
@@ -311,7 +320,6 @@ def profile(report: Report, device: torch.device, models: list[str], sizes: Size
     one steady-state epoch under torch.profiler, after an untimed one. The device's busy share is its kernels' time
     over the epoch's: well below 1, the device waits on the host (launches, Python), and concurrent runs or fewer
     launches pay; near 1, the kernels themselves are the cost."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     report.say(f"one {'compiled' if device.type == 'cuda' else 'eager'} epoch of {sizes.batches} batches of "
                f"{sizes.batch} under torch.profiler (the profiler's own cost included)")  # fmt: skip
     report.say(f"{'model':10} {'images/s':>10} {'busy':>6} {'kernels/batch':>14}")
@@ -325,28 +333,91 @@ def profile(report: Report, device: torch.device, models: list[str], sizes: Size
         try:
             t = prepare(cfg, synthetic_split(sizes.batch * sizes.batches, seed=1), synthetic_split(8, seed=2), Method())
             train_epoch(t, 1, cfg.recipe.lr)
-            with torch_profile(activities=activities) as profiled:
-                epoch = train_epoch(t, 2, cfg.recipe.lr)
-            averages = profiled.key_averages()
-            kernels = [e for e in profiled.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+            figures, top = profiled_epoch(t, 2, sizes)
         except Exception as error:  # the next model still runs
             row["error"] = report.failed(f"profile: {model}", error)
             report.say(f"{model:10} {row['error']}")
         else:
-            row["images_per_s"] = round(epoch["trained_samples"] / epoch["epoch_train_s"], 1)
-            if kernels:
-                busy = sum(e.self_device_time_total for e in kernels) / 1e6 / epoch["epoch_train_s"]  # us -> s
-                row |= {"device_busy_share": round(busy, 3), "kernels_per_batch": round(len(kernels) / sizes.batches)}
+            row |= figures
             report.say(f"{model:10} {row['images_per_s']:10.0f} {row['device_busy_share']!s:>6} "
                        f"{row['kernels_per_batch']!s:>14}")  # fmt: skip
-            for sort_by in (["self_device_time_total"] if kernels else []) + ["self_cpu_time_total"]:
-                tables.append(f"== {model}, by {sort_by}\n{averages.table(sort_by=sort_by, row_limit=25)}\n")
+            tables += [f"== {model}, by {sort_by}\n{table}\n" for sort_by, table in top.items()]
             (report.out / "profile.txt").write_text("\n".join(tables))
         rows.append(row)
         report.write("profile.csv", rows)
     report.written("profile.csv", rows)
     if tables:
         report.say(f"-> {report.out / 'profile.txt'} (the top ops of each model)")
+
+
+def profiled_epoch(t: Training, epoch: int, sizes: Sizes) -> tuple[dict[str, Any], dict[str, str]]:
+    """One epoch of `t` under torch.profiler: its images/s, the device's busy share and kernels per batch (empty on
+    a CPU), and the top 25 ops by device time (where there are kernels) and by host time."""
+    device = t.train_data.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as profiled:
+        row = train_epoch(t, epoch, t.cfg.recipe.lr)
+    averages = profiled.key_averages()
+    kernels = [e for e in profiled.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    figures: dict[str, Any] = {"images_per_s": round(row["trained_samples"] / row["epoch_train_s"], 1),
+                               "device_busy_share": "", "kernels_per_batch": ""}  # fmt: skip
+    if kernels:
+        busy = sum(e.self_device_time_total for e in kernels) / 1e6 / row["epoch_train_s"]  # us -> s
+        figures |= {"device_busy_share": round(busy, 3), "kernels_per_batch": round(len(kernels) / sizes.batches)}
+    orders = (["self_device_time_total"] if kernels else []) + ["self_cpu_time_total"]
+    return figures, {order: averages.table(sort_by=order, row_limit=25) for order in orders}
+
+
+class SkipFromTheStart(WeightUpdateSkipping):
+    """WUS held in its skip phase from the first epoch: the last layer's bias trains, every other parameter is
+    frozen."""
+
+    def on_epoch_start(self, epoch: int, lr: float) -> None:
+        self.set_phase(SKIP)
+
+
+SKIP_SETTING = Variant("graphs, fused, benchmark", compile="reduce-overhead", fused_sgd=True, cudnn_benchmark=True)
+
+
+def skip(report: Report, device: torch.device, models: list[str], sizes: Sizes) -> None:
+    """A WUS skip step against a normal step, each phase in steady state, then one epoch of it under the profiler."""
+    variant = SKIP_SETTING if device.type == "cuda" else Variant("eager", compile=False)  # a CPU's graphs: minutes
+    report.say(f"WUS's skip phase against the normal one, {variant.name}, batch {sizes.batch}, no augmentation: "
+               "images/s in steady state, then one epoch under torch.profiler")  # fmt: skip
+    report.say(f"{'model':10} {'phase':7} {'images/s':>10} {'x normal':>9} {'busy':>6} {'kernels/batch':>14}")
+    rows, tables = [], []
+    for model in models:
+        normal = None
+        for phase, method in (("normal", Method()), ("skip", SkipFromTheStart())):  # `wus`'s defaults
+            torch._dynamo.reset()
+            row: dict[str, Any] = {"model": model, "phase": phase, "setting": variant.name, "batch": sizes.batch,
+                                   "images_per_s": "", "vs_normal": "", "graphs_skipped": "",
+                                   "device_busy_share": "", "kernels_per_batch": "",
+                                   "device": device_name(device)}  # fmt: skip
+            try:
+                cfg = variant.config(runs_config(model, device, sizes.batch))
+                cfg = replace(cfg, recipe=replace(cfg.recipe, augment=False))  # the WUS recipe's
+                t = prepare(cfg, synthetic_split(sizes.batch * sizes.batches, seed=1), synthetic_split(8, seed=2),
+                            method)  # fmt: skip
+                rate = steady_rate(cfg, sizes, t=t)
+                figures, top = profiled_epoch(t, 2 + sizes.timed_epochs, sizes)
+            except Exception as error:  # the next phase still runs
+                row["error"] = report.failed(f"skip: {model} {phase}", error)
+                report.say(f"{model:10} {phase:7} {row['error']}")
+            else:
+                normal = rate.images_per_s if phase == "normal" else normal
+                ratio = round(rate.images_per_s / normal, 2) if normal else ""  # none where the normal phase failed
+                row |= {"images_per_s": round(rate.images_per_s, 1), "vs_normal": ratio,
+                        "graphs_skipped": rate.graphs_skipped, "device_busy_share": figures["device_busy_share"],
+                        "kernels_per_batch": figures["kernels_per_batch"]}  # fmt: skip
+                busy, kernels = row["device_busy_share"], row["kernels_per_batch"]
+                report.say(f"{model:10} {phase:7} {rate.images_per_s:10.0f} {ratio!s:>9} {busy!s:>6} {kernels!s:>14}"
+                           f"{skipped(rate, device)}")  # fmt: skip
+                tables += [f"== {model} {phase}, by {sort_by}\n{table}\n" for sort_by, table in top.items()]
+                (report.out / "skip.txt").write_text("\n".join(tables))
+            rows.append(row)
+            report.write("skip.csv", rows)
+    report.written("skip.csv", rows)
 
 
 def tuning(report: Report, device: torch.device, models: list[str], sizes: Sizes) -> None:
@@ -489,10 +560,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, LeNet only: checks this script")
     parser.add_argument("--models", nargs="+", choices=MODELS,
-                        help="of throughput (default: all), profile and tuning (resnet18); --quick: lenet")  # fmt: skip
+                        help="of throughput (all), profile, tuning and skip (resnet18); --quick: lenet")  # fmt: skip
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
-                        help="the parts to run (default: all but profile and tuning)")  # fmt: skip
+                        help="the parts to run (default: all but profile, tuning and skip)")  # fmt: skip
     args = parser.parse_args()
     try:
         device = torch.device(args.device)
@@ -518,6 +589,7 @@ def main() -> None:
         ),
         "profile": lambda: profile(report, device, focus, sizes),
         "tuning": lambda: tuning(report, device, focus, sizes),
+        "skip": lambda: skip(report, device, focus, sizes),
     }
     for name, section in sections.items():
         if name in args.sections:

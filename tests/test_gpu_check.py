@@ -86,10 +86,11 @@ def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(t
     assert wrong.returncode == 2 and "invalid choice: 'speed'" in wrong.stderr
 
 
-def test_profile_and_tuning_run_on_request_and_say_where_a_steps_time_goes(quick_check, tmp_path):
-    assert not {"profile.csv", "tuning.csv"} & {p.name for p in quick_check[0].iterdir()}  # not by default
+def test_profile_tuning_and_skip_run_on_request_and_say_where_a_steps_time_goes(quick_check, tmp_path):
+    assert not {"profile.csv", "tuning.csv", "skip.csv"} & {p.name for p in quick_check[0].iterdir()}  # not by default
     command = [sys.executable, str(SCRIPT), str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
-    done = subprocess.run([*command, "--sections", "profile", "tuning"], capture_output=True, text=True, timeout=600)
+    sections = ["--sections", "profile", "tuning", "skip"]
+    done = subprocess.run([*command, *sections], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     [row] = read_csv(tmp_path / "profile.csv")
     assert (row["model"], row["compile"], row["batch"]) == ("lenet", "False", "32") and float(row["images_per_s"]) > 0
@@ -108,6 +109,13 @@ def test_profile_and_tuning_run_on_request_and_say_where_a_steps_time_goes(quick
     assert "graph without CUDA graphs: a CPU has no CUDA graphs)" in done.stdout
     assert "max-autotune             skipped: CUDA only" in done.stdout
     assert "cudnn.benchmark          skipped: CUDA only" in done.stdout
+    normal, skip = read_csv(tmp_path / "skip.csv")
+    assert [(r["phase"], r["setting"]) for r in (normal, skip)] == [("normal", "eager"), ("skip", "eager")]
+    assert normal["vs_normal"] == "1.0" and float(skip["images_per_s"]) > 0 and float(skip["vs_normal"]) > 0
+    normal_ops, skip_ops = (tmp_path / "skip.txt").read_text().split("== lenet skip, by self_cpu_time_total")
+    assert normal_ops.startswith("== lenet normal, by self_cpu_time_total")
+    assert "aten::convolution_backward" in normal_ops and "aten::convolution_backward" not in skip_ops  # frozen
+    assert "Optimizer.step#SGD.step" in skip_ops  # the last layer's bias still trains
 
 
 def test_graph_skips_counts_inductors_skipped_cuda_graphs_and_keeps_the_reasons_it_logs():
