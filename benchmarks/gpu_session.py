@@ -62,7 +62,8 @@ CANDIDATES = {  # --setting's names
 }
 EVALUATION = 1.1  # an epoch's evaluation (the test split, forward only) on top of its training
 # A run's time outside its epochs' training and evaluation: the process start, the data onto the device, a checkpoint
-# after every epoch (wall_time_s - train_time_s - eval_time_s of the four ResNet-18 runs an H100 trained: 54-56 s).
+# after every epoch (wall_time_s - train_time_s - eval_time_s of the four ResNet-18 runs an H100 trained, each writing
+# its checkpoints in line: 54-56 s).
 START_S = 55
 # A run's first epoch against the race's: 40.9 s in a new process (beside a second run compiling) against 21.5 s for
 # the race's first epoch of the same graphs, on an H100

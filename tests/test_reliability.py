@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import http.server
+import io
 import json
 import os
 import re
@@ -298,7 +299,8 @@ def logged_epochs(workdir: Path) -> list[int]:
 
 
 def crash_at_log_of(epoch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run config() and crash after the checkpoint of `epoch` is written, before the store has the epoch."""
+    """Run config() and crash after the checkpoint of `epoch` is written, before the store has the epoch (at the end
+    of the next epoch, which waits for that checkpoint's write)."""
     real_log = RunTracker.log_epoch
 
     def log_or_crash(self, row):
@@ -340,14 +342,14 @@ def test_a_run_without_a_terminal_logs_a_line_per_epoch_and_its_resume_goes_on_f
     """In a log file (nohup, dvc exp run --temp) no progress bar shows: each epoch is a line, with the time left."""
     line = re.compile(rf"{NAME}: epoch (\d)/{EPOCHS} · train loss \d\.\d{{4}} · test acc \d+\.\d\d% · \d+\.\d s"
                       r"( · [\d,]+ pruned)? · about (\d+ s|\d+ min|\d+ h \d\d min) left$")  # fmt: skip
-    crash_at_log_of(3, monkeypatch)  # after the checkpoint of epoch 3, before its store entry and line
+    crash_at_log_of(3, monkeypatch)  # epoch 3's line printed, its checkpoint written; epoch 4 ends before its line
     train_run(config())
     err = capsys.readouterr().err.splitlines()
     epochs = [int(m.group(1)) for m in map(line.fullmatch, err) if m]
-    assert epochs == [1, 2, 4, 5, 6], err
+    assert epochs == [1, 2, 3, 4, 5, 6], err
     at = {m.group(1): i for i, m in enumerate(map(line.fullmatch, err)) if m}
     resumed = next(i for i, text in enumerate(err) if "resuming after epoch 3" in text)
-    assert at["2"] < resumed < at["4"]
+    assert at["3"] < resumed < at["4"]
     assert err[at["6"]].endswith("about 0 s left")
 
 
@@ -440,18 +442,18 @@ def test_a_checkpoint_whose_mlflow_run_is_gone_resumes_into_a_new_run_with_every
 
 def test_a_store_ahead_of_the_checkpoint_never_gets_an_epoch_twice(workdir, monkeypatch, expected):
     """The checkpoint is written first, so this needs a lost checkpoint write: epoch 3 logged, checkpoint at 2."""
-    real_save = runner.save_checkpoint
+    real_write = runner.atomic_write
 
-    def save(path, state):
-        epochs = len(state["history"])
+    def write(path, data):
+        epochs = len(torch.load(io.BytesIO(data), weights_only=False)["history"]) if path.suffix == ".pt" else 0
         if epochs == 3:
             return  # lost
         if epochs == 4:
-            raise Crash
-        real_save(path, state)
+            raise Crash  # in the writer's thread: raised in the run at the next epoch's end
+        real_write(path, data)
 
     with monkeypatch.context() as patch:
-        patch.setattr(runner, "save_checkpoint", save)
+        patch.setattr(runner, "atomic_write", write)
         with pytest.raises(Crash):
             train_run(config())
     assert checkpointed_epochs(workdir) == 2 and logged_epochs(workdir) == [1, 2, 3]
@@ -459,6 +461,42 @@ def test_a_store_ahead_of_the_checkpoint_never_gets_an_epoch_twice(workdir, monk
     assert in_process_results(final, workdir) == expected
     run = only_run(store_of(workdir))
     assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
+def test_a_checkpoint_goes_to_disk_while_the_next_epoch_trains_and_its_epoch_then_to_the_store(workdir, monkeypatch):
+    """The write of epoch 1's checkpoint waits until epoch 2 has started: written in line, it would wait in vain."""
+    events, next_epoch = [], threading.Event()
+    real_write, real_start, real_log = runner.atomic_write, Stateful.on_epoch_start, RunTracker.log_epoch
+
+    def write(path, data):
+        if path.suffix != ".pt":  # the run's outputs
+            return real_write(path, data)
+        epochs = len(torch.load(io.BytesIO(data), weights_only=False)["history"])
+        if epochs == 1:
+            assert next_epoch.wait(timeout=120), "epoch 2 did not start while epoch 1's checkpoint was being written"
+        real_write(path, data)
+        events.append(f"checkpoint {epochs}")
+
+    def on_epoch_start(self, epoch, lr):
+        events.append(f"epoch {epoch}")
+        if epoch == 2:
+            next_epoch.set()
+        return real_start(self, epoch, lr)
+
+    def log_epoch(self, row):
+        events.append(f"store {row['epoch']}")
+        real_log(self, row)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "atomic_write", write)
+        patch.setattr(Stateful, "on_epoch_start", on_epoch_start)
+        patch.setattr(RunTracker, "log_epoch", log_epoch)
+        train_run(config())
+    written = [e for e in events if not e.startswith("checkpoint 0")]  # the one before epoch 1: the run's id
+    assert written[:4] == ["epoch 1", "epoch 2", "checkpoint 1", "store 1"], events
+    for epoch in range(1, EPOCHS + 1):
+        assert events.index(f"checkpoint {epoch}") < events.index(f"store {epoch}")  # never ahead of it
+        assert events.count(f"store {epoch}") == 1
 
 
 def test_a_run_killed_in_its_first_epoch_continues_the_same_mlflow_run(workdir, monkeypatch, expected):
