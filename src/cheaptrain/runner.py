@@ -5,15 +5,15 @@ Outputs of run `<study>/<dataset>-<model>-<method>-s<seed>` under `runs/`:
     metrics.json  the final metrics (DVC metrics)
     run.json      the resolved configuration and where the run came from: code, data, device, versions, MLflow run
 
-A checkpoint is written atomically after every epoch to `checkpoints/<study>/<name>-<fingerprint>.pt` at the
-repository root, outside the outputs (DVC deletes a stage's outputs before running it): its bytes are taken at the
-epoch's end, and they go to disk while the next epoch trains. Re-running an interrupted run resumes from it and
-continues the same MLflow run, which receives each epoch exactly once. An epoch is logged once its checkpoint is on
-disk, so the store is never ahead of it; the checkpoint is deleted when the run completes, and when the run fails
-before its first epoch. A checkpoint resumes only the run that wrote it: the file name carries
-the configuration's fingerprint, and one written by other training code, from other prepared data or on another
-kind of device is discarded (with a warning), as is an unreadable one. Of several processes training the same
-configuration at once, only the first uses the checkpoint (a lock file beside it).
+A checkpoint is written atomically after every epoch to `checkpoints/<study>/<name>-<fingerprint>.pt` at the repository
+root, outside the outputs (DVC deletes a stage's outputs before running it): its bytes are taken at the epoch's end, and
+they go to disk while the next epoch trains. Re-running an interrupted run resumes from it and continues the same MLflow
+run, which receives each epoch exactly once. An epoch is logged once its checkpoint is on disk, so the store is never
+ahead of it; the checkpoint is deleted when the run completes, and when the run fails before its first epoch. A
+checkpoint resumes only the run that wrote it: the file name carries the configuration's fingerprint, and one written by
+other training code, from other prepared data or on another kind of device is discarded (with a warning), as is an
+unreadable one. Of several processes training the same configuration at once, only the first uses the checkpoint (a lock
+file beside it).
 
 With params `train.ledger: record` a finished run is also kept in the results ledger (ledger.py), and a run whose
 ledger entry matches is not trained again.
