@@ -15,7 +15,7 @@ def benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint"])
+@pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards"])
 def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(script):
     option = {"malloc": "--rounds", "wus": "--batches", "noise": "--threads"}.get(script, "--repeats")
     result = benchmark(script, option, "0")

@@ -7,6 +7,7 @@ every 2 epochs, 600 samples of 4 classes) learns the synthetic task to 100% test
 starts skipping, so a setting that trains worse falls visibly short of it.
 """
 
+import copy
 import dataclasses
 import functools
 
@@ -48,21 +49,29 @@ MAX_GRAPHS = 5
 @dataclasses.dataclass
 class Run:
     history: list[dict] = dataclasses.field(default_factory=list)
-    graphs: list[int] = dataclasses.field(default_factory=list)  # graphs compiled so far, after each epoch
+    graphs: list[int | None] = dataclasses.field(default_factory=list)  # compiled so far, after each epoch (None:
+    # an epoch trained by an earlier process, before a resume)
     params: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)  # after each epoch
     counts: list[torch.Tensor] = dataclasses.field(default_factory=list)  # DFP's dropping counts after each epoch
+    states: list[dict] = dataclasses.field(default_factory=list)  # the checkpoint state after each epoch
     first_losses: torch.Tensor | None = None  # the per-sample losses of the first batch
     cudagraph_skips: int = 0  # compiled graphs that inductor was asked to run as CUDA graphs and did not
 
 
 @functools.cache
-def run(method: str, compile: bool | str, amp: str, device: str = "cpu", **knobs) -> Run:
+def run(method: str, compile: bool | str, amp: str, device: str = "cpu", resume_after: int = 0, **knobs) -> Run:
     """8 epochs of `method` (its KNOBS, updated by `knobs`), compiled or not (or in a torch.compile mode), under
-    `amp`; compiling from an empty in-memory cache."""
+    `amp`; compiling from an empty in-memory cache. `resume_after` N: the same run's epochs after N, resumed in a
+    fresh process's state (no graph compiled) from the checkpoint state of epoch N; its earlier rows are the run's."""
     cfg = small_config(epochs=8, method=method, lr=0.01, schedule="step", step_size=2, gamma=0.5, milestones=())
     cfg = dataclasses.replace(cfg, compile=compile, amp=amp, device=device)
     trainer = create_method(method, KNOBS.get(method, {}) | knobs)
-    result = Run()
+    result, resume = Run(), None
+    if resume_after:
+        whole = run(method, compile, amp, device, **knobs)
+        resume = whole.states[resume_after - 1]
+        result.params, result.counts = whole.params[:resume_after], whole.counts[:resume_after]
+        result.graphs, result.states = [None] * resume_after, whole.states[:resume_after]
     hook = trainer.on_batch_end
 
     def keep_first_losses(indices, losses):
@@ -73,6 +82,7 @@ def run(method: str, compile: bool | str, amp: str, device: str = "cpu", **knobs
     def record(history, state):
         result.graphs.append(counters["stats"]["unique_graphs"] - graphs_before)
         result.params.append({k: v.detach().clone() for k, v in state["model"].items()})
+        result.states.append(copy.deepcopy(state))
         if hasattr(trainer, "counts"):
             result.counts.append(trainer.counts.clone())
 
@@ -83,7 +93,7 @@ def run(method: str, compile: bool | str, amp: str, device: str = "cpu", **knobs
     torch.set_num_threads(1)  # a compiled CPU kernel's threads wait for each other: 20x slower on a busy machine
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # no silent fall-back to eager
-            result.history = fit(cfg, TRAIN, TEST, trainer, on_epoch_end=record)
+            result.history = fit(cfg, TRAIN, TEST, trainer, resume=resume, on_epoch_end=record)
         result.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips_before
     finally:
         torch.set_num_threads(threads)
@@ -106,6 +116,19 @@ def check_each_kind_of_epoch_compiles_once(compiled: Run, most: int = MAX_GRAPHS
         if kinds[epoch] in kinds[:epoch]:
             assert compiled.graphs[epoch] == compiled.graphs[epoch - 1], f"epoch {epoch + 1} recompiled"
     assert 1 <= compiled.graphs[-1] <= most
+
+
+def check_a_new_phase_compiles_its_own_graphs(compiled: Run) -> None:
+    """The first epoch of a phase (its own trainable parameters) compiles graphs: it must not run another phase's,
+    whose backward computes gradients that phase does not train (a skip epoch's cost) or lacks those it does (a
+    normal epoch's weights left untrained)."""
+    phases, graphs = [row["phase"] for row in compiled.history], compiled.graphs
+    mine = [e for e, g in enumerate(graphs) if g is not None]  # the epochs this process trained
+    firsts = [e for e in mine if phases[e] not in [phases[f] for f in mine if f < e]]
+    assert len(firsts) >= 2, "no phase change to check"
+    for epoch in firsts:
+        before = graphs[epoch - 1] if epoch - 1 in mine else 0
+        assert graphs[epoch] > before, f"epoch {epoch + 1} ran another phase's graphs"
 
 
 def check_skip_epochs_change_only_the_kept_bias(run: Run) -> None:
@@ -227,6 +250,21 @@ def test_a_kind_of_epoch_seen_before_compiles_nothing(method):
 
 
 def test_a_compiled_skip_epoch_changes_only_the_kept_biases():
-    """Under compile the graph of a skip epoch computes no gradient for the frozen weights: SGD leaves them bitwise
-    untouched while the classifier's bias trains, and a normal epoch after skipping changes every parameter."""
-    check_skip_epochs_change_only_the_kept_bias(run("wus_lr", True, "bf16"))
+    """Under compile a skip epoch runs graphs of its own, whose backward computes no gradient for the frozen weights:
+    SGD leaves them bitwise untouched while the classifier's bias trains, and a normal epoch after skipping changes
+    every parameter."""
+    compiled = run("wus_lr", True, "bf16")
+    check_a_new_phase_compiles_its_own_graphs(compiled)
+    check_skip_epochs_change_only_the_kept_bias(compiled)
+
+
+def test_a_compiled_run_resumed_in_a_skip_phase_trains_every_weight_when_it_falls_back():
+    """Resumed before a skip epoch, the process compiles the skip phase's graphs first; the normal epoch after it
+    gets graphs of its own and trains every weight (run in the skip phase's graphs, whose backward reaches the kept
+    bias alone, it would train nothing else: trainer.step_model says when torch does that)."""
+    whole, resumed = run("wus_lr", True, "bf16"), run("wus_lr", True, "bf16", resume_after=5)
+    assert [row["phase"] for row in resumed.history] == [0, 0, 0, 0, 0, 1, 0, 1]
+    check_a_new_phase_compiles_its_own_graphs(resumed)
+    check_skip_epochs_change_only_the_kept_bias(resumed)
+    assert decisions(resumed.history) == decisions(whole.history)
+    assert resumed.history[-1]["test_acc"] == pytest.approx(whole.history[-1]["test_acc"], abs=3)

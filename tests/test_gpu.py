@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from test_compile import (
     ALL_METHODS,
     METHODS,
+    check_a_new_phase_compiles_its_own_graphs,
     check_each_kind_of_epoch_compiles_once,
     check_infobatch,
     check_skip_epochs_change_only_the_kept_bias,
@@ -66,6 +67,7 @@ def test_compiled_bf16_training_on_the_gpu_decides_and_learns_as_eager_fp32(meth
     assert compiled.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
     check_each_kind_of_epoch_compiles_once(compiled, most=7)
     if method.startswith("wus"):
+        check_a_new_phase_compiles_its_own_graphs(compiled)
         check_skip_epochs_change_only_the_kept_bias(compiled)
 
 
@@ -91,7 +93,18 @@ def test_cuda_graphs_train_every_method_as_eager_fp32(method):
         assert decisions(graphs.history) == decisions(eager.history)
         check_each_kind_of_epoch_compiles_once(graphs, most=7)
     if method.startswith("wus"):
+        check_a_new_phase_compiles_its_own_graphs(graphs)
         check_skip_epochs_change_only_the_kept_bias(graphs)
+
+
+def test_cuda_graphs_of_a_run_resumed_in_a_skip_phase_train_every_weight_when_it_falls_back():
+    """tests/test_compile.py's resume in a skip phase, as CUDA graphs: the normal epoch after it records graphs of
+    its own and trains every weight."""
+    resumed = run("wus_lr", "reduce-overhead", "bf16", "cuda", resume_after=5)
+    assert [row["phase"] for row in resumed.history] == [0, 0, 0, 0, 0, 1, 0, 1]
+    assert resumed.cudagraph_skips == 0
+    check_a_new_phase_compiles_its_own_graphs(resumed)
+    check_skip_epochs_change_only_the_kept_bias(resumed)
 
 
 def test_cuda_graphs_replay_a_batchnorm_networks_running_statistics():
