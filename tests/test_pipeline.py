@@ -37,7 +37,7 @@ def test_every_run_is_in_mlflow_with_params_tags_per_epoch_metrics_and_history(q
         tags = run.data.tags
         assert tags["dvc_stage"] == f"train_{study}@{name.replace('-s0', '-0')}"
         assert tags["dvc_exp"] and len(tags["git_commit"]) == 40
-        assert tags["device"].startswith("cpu") and tags["torch_version"]
+        assert tags["device"].startswith("cpu") and tags["torch_version"] and tags["cpu_capability"]
         for metric in ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_train_s", "eval_s",
                        "trained_samples"):  # fmt: skip
             steps = [m.step for m in client.get_metric_history(run.info.run_id, metric)]

@@ -106,6 +106,25 @@ def test_an_entry_from_another_kind_of_cpu_is_replayed_with_a_caveat(repo, monke
                          "may round differently")  # fmt: skip
 
 
+def test_an_entry_whose_cpu_used_other_vector_instructions_is_replayed_with_a_caveat(repo, monkeypatch, capsys):
+    """CPUs of one name may differ in their vector instructions (AVX2, AVX512), and torch's kernels with them: the
+    entry records the ones it used, and a replay with others, or of an entry without the record, says so."""
+    run_json = entry(repo, "baseline") / "run.json"
+    info = json.loads(run_json.read_text())
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    run_json.write_text(json.dumps(info | {"cpu_capability": "AVX512_FAKE"}))
+    replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
+    line = capsys.readouterr().out.splitlines()[0]
+    here = torch.backends.cpu.get_cpu_capability()
+    assert line.endswith(f"identical; recorded with AVX512_FAKE kernels, replayed with {here}: they may round "
+                         "differently")  # fmt: skip
+    run_json.write_text(json.dumps({k: v for k, v in info.items() if k != "cpu_capability"}))  # an older entry
+    replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith(f"identical; the entry does not say which vector instructions its kernels used (here "
+                         f"{here}): a CPU of the same name with others may round differently")  # fmt: skip
+
+
 def test_other_data_is_refused_before_any_training(repo):
     write_prepared_data(repo, seed=5)
     with pytest.raises(UserError, match=r"trained on prepared data \w+, .*data/prepared/cifar10 holds \w+"):

@@ -3,10 +3,10 @@
     ledger/<study>/<dataset>-<model>-<method>-s<seed>/   one entry: the run's run.json, metrics.json, history.csv
     ledger/metrics.json                                    every entry's final figures (`dvc metrics show`)
 
-An entry is written by the train stage, never by hand, when params `train.ledger` is `record` (or `retrain`) and
-the run is at its paper's setting (200 epochs, the paper's recipe; `papers.paper_setting`): the three output files
-of the finished run, copied as they are. run.json names what was trained (the resolved
-configuration) and where and how (training-code version, git commit, prepared data's digest, device, torch
+An entry is written by the train stage, never by hand, when params `train.ledger` is `record` (or `retrain`) and the
+run is at its paper's setting (200 epochs, the paper's recipe; `papers.paper_setting`): the three output files of
+the finished run, copied as they are. run.json names what was trained (the resolved configuration) and where and how
+(training-code version, git commit, prepared data's digest, device, its CPU kernels' vector instructions, torch
 version, CPU threads). Training needs neither MLflow nor DVC to write one: on a rented GPU machine with PyTorch
 alone, `python stages/train.py ... --no-mlflow` trains and records, and the entry is committed from there.
 
@@ -233,6 +233,7 @@ def import_entry(entry: Entry) -> tuple[str, bool]:
         "git_commit": info.get("git_commit", ""),
         "mlflow.source.git.commit": info.get("git_commit", ""),
         "device": info.get("device", ""),
+        "cpu_capability": info.get("cpu_capability", ""),
         "torch_version": info.get("torch_version", ""),
         "trained_mlflow_run_id": info.get("mlflow_run_id", ""),
     }

@@ -14,7 +14,8 @@ Nothing is written: no checkpoint, no ledger entry, no MLflow run.
 
 It exits with status 1 when an epoch differs. A replay needs the entry's prepared data (`data/prepared/<dataset>`,
 the same digest) and, to be exact, its kind of CPU and thread count (another CPU may take other vector code paths,
-which round differently from the first epoch on): on another it says so and still compares.
+which round differently from the first epoch on; two CPUs of one name may too, so run.json records the vector
+instructions torch's kernels used, `cpu_capability`): on another it says so and still compares.
 """
 
 from __future__ import annotations
@@ -115,6 +116,13 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
         caveats.append(f"recorded on {recorded}, replayed on this CPU: not expected to be exact")
     elif recorded.rsplit(" x", 1)[0] != here.rsplit(" x", 1)[0]:  # the model, not the core count
         caveats.append(f"recorded on {recorded}, replayed on {here}: another kind of CPU may round differently")
+    elif (isa := entry.info.get("cpu_capability")) != (isa_here := torch.backends.cpu.get_cpu_capability()):
+        caveats.append(
+            f"recorded with {isa} kernels, replayed with {isa_here}: they may round differently"
+            if isa
+            else f"the entry does not say which vector instructions its kernels used (here {isa_here}): a CPU of "
+            "the same name with others may round differently"
+        )
     if len(threads := entry.info.get("threads") or []) > 1:
         caveats.append(f"recorded on {threads} threads, replayed on {threads[0]}")
     epochs = min(epochs or default_epochs(entry.history), len(entry.history))

@@ -396,6 +396,8 @@ def run_info(cfg: RunConfig, run_id: str | None, data_digest: str, history: list
         "git_commit": git_commit(),
         "data_digest": data_digest,
         "device": device_name(cfg.device),
+        # the vector instructions torch's CPU kernels use: CPUs of one name may differ in them, and round differently
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "threads": sorted({row.get("threads") for row in history if row.get("threads")}),

@@ -498,7 +498,13 @@ def stage_tags() -> dict[str, str]:
 def run_tags(study: str, device: str) -> dict[str, str]:
     import torch
 
-    return {"study": study, **stage_tags(), "device": device_name(device), "torch_version": torch.__version__}
+    return {
+        "study": study,
+        **stage_tags(),
+        "device": device_name(device),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # CPUs of one name may round differently
+        "torch_version": torch.__version__,
+    }
 
 
 # --- the runs of the other stages --------------------------------------------------------------------------
