@@ -1,6 +1,7 @@
 """On a CUDA device: the loader's crops and flips against the CPU's, compiled bf16 training of every method against
-eager fp32 (in the default mode and as CUDA graphs), a BatchNorm network's statistics under CUDA graphs, timing
-between device synchronisations, and a checkpoint written on the GPU and resumed there.
+eager fp32 (in the default mode and as CUDA graphs; WUS's phases each in graphs of their own, also after a resume in
+a skip phase), a BatchNorm network's statistics under CUDA graphs, timing between device synchronisations, and a
+checkpoint written on the GPU and resumed there.
 
 Every test is marked `cuda` and skipped (counted as skipped) without a CUDA device. `python benchmarks/gpu_check.py
 OUT` runs them on a GPU machine (`pytest -m cuda tests/test_gpu.py`).
