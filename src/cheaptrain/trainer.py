@@ -86,10 +86,10 @@ class Training:
                 device_ids = [self.train_data.device.index] if self.train_data.device.type == "cuda" else None
                 model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
             if self.cfg.compile:
-                # Check every tensor's guards, requires_grad included: by default some releases (2.11 among them,
-                # pytorch#139476) skip the guards of a module whose attributes are unchanged, miss a parameter's
-                # requires_grad flip, and run one phase's graphs in the other: a skip epoch then computes every
-                # gradient, and a normal epoch after a resume in a skip phase trains the kept biases alone.
+                # Check every tensor's guards, requires_grad included. By default some releases (2.11 among them,
+                # pytorch#139476) skip them while a module's attributes are unchanged, so they miss a method's
+                # requires_grad flip and run the graphs of the other set of trainable parameters: frozen epochs
+                # then compute every gradient, and after a resume in a frozen epoch nothing frozen trains again.
                 torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
                 model = torch.compile(model, mode=None if self.cfg.compile is True else self.cfg.compile)
             self.step_models[trainable] = model
