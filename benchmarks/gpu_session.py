@@ -31,6 +31,7 @@ recorded in its entry. On a CPU (`--device cpu`, eager only, `--quick` sizes) th
 import argparse
 import contextlib
 import csv
+import itertools
 import json
 import os
 import re
@@ -70,7 +71,8 @@ START_S = 55
 FIRST_EPOCH = 2.0
 STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
 MEASURE_S = 60  # the least time left in which another model is measured
-PACE_EPOCHS = 3  # epochs after its first that give a run's own pace, which then replaces its estimate
+PACE_EPOCHS = 3  # spans between epochs seen, after its first epoch, that give a run's own pace (then its estimate)
+PACE_WINDOW = 5  # the most recent spans its pace counts
 POLL_S = 5
 STATE = Path("gpu-session")  # the runs started (state.json) and their logs: what --collect reads
 
@@ -145,11 +147,15 @@ class Training:
             self.seen.append((now, epoch))
 
     def pace(self) -> float | None:
-        """Seconds an epoch over its last PACE_EPOCHS epochs since `since`, once it has run that many."""
-        recent = [seen for seen in self.seen if seen[1] >= self.since][-PACE_EPOCHS - 1 :]
-        if len(recent) <= PACE_EPOCHS:
+        """Seconds an epoch over its last spans between epochs seen since `since` (PACE_EPOCHS at least, PACE_WINDOW
+        at most), the slowest left out: a new phase's first epoch compiles its graphs (11.4 s against 1.4 s for a WUS
+        run's first skip epoch on an H100), which says nothing of the epochs after it."""
+        seen = [seen for seen in self.seen if seen[1] >= self.since][-PACE_WINDOW - 1 :]
+        spans = [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(seen)]
+        if len(spans) < PACE_EPOCHS:
             return None
-        return (recent[-1][0] - recent[0][0]) / (recent[-1][1] - recent[0][1])
+        spans.remove(max(spans, key=lambda span: span[0] / span[1]))
+        return sum(seconds for seconds, _ in spans) / sum(epochs for _, epochs in spans)
 
     def settle(self) -> None:
         """Measure its pace anew from its next epoch on (the runs beside it changed)."""

@@ -111,10 +111,13 @@ def test_cuda_graphs_of_a_run_resumed_in_a_skip_phase_train_every_weight_when_it
 def test_cuda_graphs_replay_a_batchnorm_networks_running_statistics():
     """ResNet-18, the GPU runs' model: each training step of its BatchNorm layers updates their running statistics,
     which the CUDA graphs must replay rather than skip or lose. No graph is skipped, every layer counts every batch
-    (10 a epoch), and the statistics end as in the same compiled bf16 training without graphs."""
+    (10 a epoch), and the statistics end as in the same compiled bf16 steps without graphs. The steps hold the weights
+    (lr 0), so the two runs see the same activations: with learning weights two bf16 runs drift apart (on an H100,
+    5 of a layer's 64 running means beyond 0.02 + 5% after 20 steps), and the comparison would say nothing."""
     states, skips = {}, {}
     for compile in (True, "reduce-overhead"):
-        cfg = dataclasses.replace(small_config(epochs=2, model="resnet18"), compile=compile, amp="bf16", device="cuda")
+        cfg = small_config(epochs=2, model="resnet18", lr=0.0)
+        cfg = dataclasses.replace(cfg, compile=compile, amp="bf16", device="cuda")
         torch._dynamo.reset()
         before = counters["inductor"]["cudagraph_skips"]
         last: dict = {}  # the checkpoint state of the last epoch
@@ -128,7 +131,7 @@ def test_cuda_graphs_replay_a_batchnorm_networks_running_statistics():
         layer = name.removesuffix("num_batches_tracked")
         assert not torch.equal(graphs[layer + "running_var"], torch.ones_like(graphs[layer + "running_var"]))
         for statistic in ("running_mean", "running_var"):
-            torch.testing.assert_close(graphs[layer + statistic], plain[layer + statistic], rtol=0.05, atol=0.02)
+            torch.testing.assert_close(graphs[layer + statistic], plain[layer + statistic], rtol=0.01, atol=1e-3)
 
 
 def test_an_epoch_on_the_gpu_is_timed_between_device_synchronisations(monkeypatch):

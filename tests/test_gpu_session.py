@@ -142,6 +142,20 @@ def test_a_runs_time_left_comes_from_its_estimate_then_from_its_own_pace(tmp_pat
     assert run.pace() == pytest.approx(1.0) and run.left_s(start + 115) == pytest.approx(193.0)
 
 
+def test_a_new_phases_compiling_epoch_does_not_make_a_run_late(tmp_path, monkeypatch):
+    """As on an H100 (2026-11-26): a WUS ResNet-18 run at about 1.7 s an epoch (evaluation and checkpoint included),
+    seen every 5 s; its first skip epoch, 20, compiles the phase's graphs (11.4 s). Its pace leaves that span out: the
+    run, which ends in about 330 s, is not stopped with 432 s left (with the span, it would need 3.1 s an epoch)."""
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    run = gpu_session.Training(gpu_session.parse_run("wus:resnet18:wus"), 200, 300.0, None, pid=1, started=start)
+    for at, n in ((30, 2), (35, 5), (40, 8), (45, 11), (50, 14), (55, 17), (60, 19), (75, 22)):
+        log_epoch(run, n, start + at)  # nothing new seen at 65 and 70 s
+    assert run.pace() == pytest.approx(20 / 11)  # the last 5 spans (epochs 8-22) but the slowest, 60-75 s
+    assert not gpu_session.to_stop([run], start + 75, time_left=432)
+
+
 def test_when_a_run_falls_behind_the_newest_run_is_stopped(tmp_path, monkeypatch):
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)

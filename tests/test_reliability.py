@@ -385,11 +385,14 @@ def test_an_epoch_line_shows_what_the_method_left_out_and_the_time_left_at_the_r
         return {"epoch": epoch, "train_loss": 0.5, "test_acc": 61.0, "epoch_train_s": seconds, "eval_s": 1.0} | own
 
     history = [row(1, 500.0), *(row(e, 59.0) for e in range(2, 7)), row(7, 39.0, pruned_samples=15000)]
-    text = runner.epoch_line("run", history, 200)  # 193 epochs left at 56 s (the last 5; the slow first left out)
+    text = runner.epoch_line("run", history, 200)  # 193 epochs left at 55 s (the last 5 but the slowest)
     assert (
         text
-        == "run: epoch 7/200 · train loss 0.5000 · test acc 61.00% · 39.0 s · 15,000 pruned · about 3 h 00 min left"
+        == "run: epoch 7/200 · train loss 0.5000 · test acc 61.00% · 39.0 s · 15,000 pruned · about 2 h 57 min left"
     )
+    # as on an H100: a WUS run's first skip epoch compiles the phase's graphs (11.4 s), the next takes 0.9 s
+    wus = [row(e, 1.4) for e in range(17, 20)] + [row(20, 11.4, phase=1), row(21, 0.9, phase=1)]
+    assert runner.epoch_line("run", wus, 200).endswith("0.9 s · skip epoch · about 7 min left")  # 179 x 2.275 s
     assert runner.epoch_line("run", [row(9, 20.0, phase=1)], 11).endswith("20.0 s · skip epoch · about 42 s left")
     assert runner.epoch_line("run", [row(9, 20.0, phase=0)], 12).endswith("20.0 s · about 1 min left")
     assert runner.duration(7 * 60 + 20) == "7 min" and runner.duration(3600) == "1 h 00 min"

@@ -355,9 +355,11 @@ class Recorder:
 
 def epoch_line(name: str, history: list[dict[str, Any]], epochs: int) -> str:
     """What a progress bar shows, as one line: the epoch, its loss, accuracy, seconds and the method's own figures,
-    and the time left at the pace of the last 5 epochs."""
-    row, recent = history[-1], history[-5:]
-    pace = sum(r["epoch_train_s"] + r.get("eval_s", 0.0) for r in recent) / len(recent)
+    and the time left at the pace of the last 5 epochs but the slowest (a new phase's first epoch compiles)."""
+    row = history[-1]
+    recent = sorted(r["epoch_train_s"] + r.get("eval_s", 0.0) for r in history[-5:])
+    recent = recent[:-1] if len(recent) > 2 else recent
+    pace = sum(recent) / len(recent)
     own = f" · {int(row['pruned_samples']):,} pruned" if row.get("pruned_samples") else ""
     own += " · skip epoch" if row.get("phase") else ""
     left = (epochs - row["epoch"]) * pace
