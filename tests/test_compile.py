@@ -223,7 +223,7 @@ def check_infobatch(eager: Run, compiled: Run) -> None:
     assert all(re.search(bounds, line) for line in failures), explained
 
 
-def test_infobatch_under_compile_and_bf16_prunes_as_eager_fp32_without_recompiling():
+def test_infobatch_under_compile_and_bf16_prunes_as_eager_fp32_recompiling_only_for_batch_size_bounds():
     check_infobatch(run("infobatch", False, "off"), run("infobatch", True, "bf16"))
 
 
