@@ -40,7 +40,7 @@ gpu-check:
 # the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared
 bench: $(BIN)/.installed
 	@test -d data/prepared/cifar10 || { echo "no data/prepared/cifar10: run 'make quickstart' first"; exit 1; }
-	for name in loader malloc dfp wus checkpoint guards; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done
+	for name in loader malloc dfp wus checkpoint guards shapes; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done
 
 # one run at a paper's setting on CIFAR-10 into the results ledger, through the pipeline (docs/ledger.md);
 # resumes where a stopped one left off. In the background, then commit the entry:

@@ -15,9 +15,11 @@ def benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards"])
+@pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes"])
 def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(script):
-    option = {"malloc": "--rounds", "wus": "--batches", "noise": "--threads"}.get(script, "--repeats")
+    option = {"malloc": "--rounds", "wus": "--batches", "noise": "--threads", "shapes": "--epochs"}.get(
+        script, "--repeats"
+    )
     result = benchmark(script, option, "0")
     assert result.returncode == 2, result.stderr
     assert f"argument {option}: '0' is not accepted: an integer >= 1" in result.stderr

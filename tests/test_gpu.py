@@ -60,13 +60,13 @@ def test_crops_and_flips_on_the_gpu_equal_the_cpus():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_compiled_bf16_training_on_the_gpu_decides_and_learns_as_eager_fp32(method):
-    """tests/test_compile.py's runs (and tolerances: the same decisions, accuracy within 3 points) on the GPU. The
-    graph bound is the recompile limit's: guards on the batch size may split differently on CUDA than on CPU."""
+    """tests/test_compile.py's runs (and tolerances: the same decisions, accuracy within 3 points, one graph for each
+    phase's training and evaluation) on the GPU."""
     eager, compiled = run(method, False, "off", "cuda"), run(method, True, "bf16", "cuda")
     assert decisions(compiled.history) == decisions(eager.history)
     assert eager.history[-1]["test_acc"] >= 95
     assert compiled.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
-    check_each_kind_of_epoch_compiles_once(compiled, most=7)
+    check_each_kind_of_epoch_compiles_once(compiled)
     if method.startswith("wus"):
         check_a_new_phase_compiles_its_own_graphs(compiled)
         check_skip_epochs_change_only_the_kept_bias(compiled)
@@ -83,8 +83,9 @@ def test_infobatch_compiled_in_bf16_on_the_gpu_prunes_and_learns_as_eager_fp32()
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_cuda_graphs_train_every_method_as_eager_fp32(method):
     """`train.compile: reduce-overhead` (CUDA graphs, bf16): every compiled graph runs as CUDA graphs (none skipped),
-    including the epochs' partial last batches, whose sizes vary with pruning; the methods decide as in eager fp32
-    (InfoBatch under check_infobatch's tolerances), learn as well, and a skip epoch changes only the kept bias."""
+    while the epochs' shorter last batches, whose sizes vary with pruning, run uncompiled between the replays; the
+    methods decide as in eager fp32 (InfoBatch under check_infobatch's tolerances), learn as well, and a skip epoch
+    changes only the kept bias."""
     eager, graphs = run(method, False, "off", "cuda"), run(method, "reduce-overhead", "bf16", "cuda")
     assert graphs.cudagraph_skips == 0
     assert graphs.history[-1]["test_acc"] == pytest.approx(eager.history[-1]["test_acc"], abs=3)
@@ -92,7 +93,7 @@ def test_cuda_graphs_train_every_method_as_eager_fp32(method):
         check_infobatch(eager, graphs)
     else:
         assert decisions(graphs.history) == decisions(eager.history)
-        check_each_kind_of_epoch_compiles_once(graphs, most=7)
+        check_each_kind_of_epoch_compiles_once(graphs)
     if method.startswith("wus"):
         check_a_new_phase_compiles_its_own_graphs(graphs)
         check_skip_epochs_change_only_the_kept_bias(graphs)

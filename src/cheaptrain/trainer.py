@@ -73,26 +73,31 @@ class Training:
     autocast: contextlib.AbstractContextManager
     costs: StepCosts
     processes: Processes
-    step_models: dict[tuple[bool, ...], nn.Module]  # per set of trainable parameters: what runs the batches
+    step_models: dict[tuple[bool, ...], tuple[nn.Module, nn.Module]]  # per set of trainable parameters: what runs
+    # the batches, (compiled if asked, uncompiled)
 
-    def step_model(self) -> nn.Module:
-        """The module that runs the batches: the model, or across processes the model under DistributedDataParallel,
-        built for the parameters that train now (it exchanges their gradients only); compiled if asked, in the mode
-        asked (reduce-overhead: as CUDA graphs, one per batch size seen)."""
+    def step_model(self) -> tuple[nn.Module, nn.Module]:
+        """The modules that run the batches: the model, or across processes the model under DistributedDataParallel,
+        built for the parameters that train now (it exchanges their gradients only); the first compiled if asked, in
+        the mode asked (reduce-overhead: as CUDA graphs), for the full batches, the second uncompiled, for a shorter
+        last batch. Compiled for one batch size, the kernels are specialised to it (a graph for any size is slower:
+        benchmarks/shapes.py), and no epoch's last batch, whatever its size, compiles again."""
         trainable = tuple(p.requires_grad for p in self.model.parameters())
         if trainable not in self.step_models:
             model = self.model
             if self.processes.active:
                 device_ids = [self.train_data.device.index] if self.train_data.device.type == "cuda" else None
                 model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            compiled = model
             if self.cfg.compile:
                 # Check every tensor's guards, requires_grad included. By default some releases (2.11 among them,
                 # pytorch#139476) skip them while a module's attributes are unchanged, so they miss a method's
                 # requires_grad flip and run the graphs of the other set of trainable parameters: frozen epochs
                 # then compute every gradient, and after a resume in a frozen epoch nothing frozen trains again.
                 torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
-                model = torch.compile(model, mode=None if self.cfg.compile is True else self.cfg.compile)
-            self.step_models[trainable] = model
+                mode = None if self.cfg.compile is True else self.cfg.compile
+                compiled = torch.compile(model, mode=mode, dynamic=False)
+            self.step_models[trainable] = (compiled, model)
         return self.step_models[trainable]
 
 
@@ -193,7 +198,8 @@ def train_epoch(t: Training, epoch: int, lr: float) -> dict[str, Any]:
         raise UserError(f"epoch {epoch}: the method {method.name!r} selected no samples to train on")
     order = indices[torch.randperm(len(indices), generator=t.generator, device=device)]
     batches = order.split(t.cfg.recipe.batch_size)
-    model = t.step_model()  # for the parameters the method left trainable
+    model, uncompiled = t.step_model()  # for the parameters the method left trainable
+    size = t.cfg.recipe.batch_size
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     losses_seen = []  # this process's per-sample losses, batch by batch
@@ -203,7 +209,7 @@ def train_epoch(t: Training, epoch: int, lr: float) -> dict[str, Any]:
         part = processes.part(len(batch))  # the whole batch on one process
         x, y = data.batch(batch, t.cfg.recipe.augment, t.generator, part)
         with t.autocast:
-            logits = model(x)
+            logits = (model if len(batch) == size else uncompiled)(x)
         losses = F.cross_entropy(logits.float(), y, reduction="none")
         weights = method.loss_weights(batch[part])
         objective = losses if weights is None else losses * weights  # weighted: its mean is what trains and is logged
@@ -233,14 +239,15 @@ def evaluate(t: Training, data: DeviceData) -> dict[str, float]:
     synchronize(data.device)
     start = time.perf_counter()
     t.model.eval()
-    model = t.step_model()
+    model, uncompiled = t.step_model()
     loss_sum = torch.zeros((), device=data.device)
     correct = torch.zeros((), device=data.device, dtype=torch.long)
     mine = torch.arange(len(data), device=data.device)[t.processes.part(len(data))]
-    for batch in mine.split(t.cfg.eval_batch_size):
+    batches = mine.split(t.cfg.eval_batch_size)
+    for batch in batches:
         x, y = data.batch(batch)
         with t.autocast:
-            logits = model(x)
+            logits = (model if len(batch) == len(batches[0]) else uncompiled)(x)
         loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
         correct += (logits.argmax(1) == y).sum()
     sum_all(t.processes, loss_sum, correct)
