@@ -182,13 +182,13 @@ def _crop_tables(h: int, w: int, c: int, pad: int, device: torch.device) -> tupl
 
 
 def channel_stats(images_uint8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std (in [0, 1] units) of [N, H, W, C] uint8 images, computed in chunks."""
-    total = torch.zeros(images_uint8.shape[-1], dtype=torch.float64)
-    total_sq = torch.zeros_like(total)
-    for chunk in images_uint8.split(10_000):
-        x = chunk.reshape(-1, chunk.shape[-1]).double() / 255
-        total += x.sum(0)
-        total_sq += (x * x).sum(0)
-    count = images_uint8[..., 0].numel()
-    mean = total / count
-    return mean.float(), (total_sq / count - mean**2).sqrt().float()
+    """Per-channel mean and std (in [0, 1] units) of [N, H, W, C] uint8 images, from each channel's histogram of its
+    256 values: exact counts, then float64 sums over 256 values rather than over every pixel, for the same float32
+    results (tests/test_data.py) in a fraction of the time each run starts with."""
+    channels = images_uint8.shape[-1]
+    pixels = images_uint8.reshape(-1, channels)
+    counts = torch.stack([torch.bincount(pixels[:, c].contiguous(), minlength=256) for c in range(channels)]).double()
+    values = torch.arange(256, dtype=torch.float64) / 255
+    count = len(pixels)
+    mean = (counts * values).sum(1) / count
+    return mean.float(), ((counts * values**2).sum(1) / count - mean**2).sqrt().float()
