@@ -197,9 +197,9 @@ def train_epoch(t: Training, epoch: int, lr: float) -> dict[str, Any]:
     if len(indices) == 0:
         raise UserError(f"epoch {epoch}: the method {method.name!r} selected no samples to train on")
     order = indices[torch.randperm(len(indices), generator=t.generator, device=device)]
-    batches = order.split(t.cfg.recipe.batch_size)
-    model, uncompiled = t.step_model()  # for the parameters the method left trainable
     size = t.cfg.recipe.batch_size
+    batches = order.split(size)
+    model, uncompiled = t.step_model()  # for the parameters the method left trainable
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     losses_seen = []  # this process's per-sample losses, batch by batch
