@@ -1,6 +1,6 @@
 """DVC stage `download`: fetch one CIFAR dataset and write it prepared to data/prepared/<dataset>/.
 
-Reads params section `download.<dataset>` (source, sha256). The environment variable <DATASET>_SOURCE
+Reads params section `download.<dataset>` (source, sha256, train_size). The environment variable <DATASET>_SOURCE
 (e.g. CIFAR10_SOURCE=../shared/datasets/cifar10-jpg.tar.gz) overrides the source, for offline machines.
 Runs first: it also checks the params of every run of the grid and the MLflow store (before downloading), and
 creates the MLflow experiments, in the workspace, so that their artifact stores never point into a temporary copy
@@ -41,7 +41,9 @@ def main() -> None:
     param = settings.get("source", "torchvision")
     started = time.perf_counter()
     out = Path(args.out) / args.dataset
-    manifest = prepare_dataset(args.dataset, param, out, Path(args.cache), sha256=settings.get("sha256"))
+    manifest = prepare_dataset(
+        args.dataset, param, out, Path(args.cache), sha256=settings.get("sha256"), train_size=settings.get("train_size")
+    )
     seconds = time.perf_counter() - started
     source = resolve_source(args.dataset, param)
     counts = ", ".join(f"{split} {info['count']}" for split, info in manifest["splits"].items())

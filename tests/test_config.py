@@ -224,6 +224,34 @@ def test_the_training_set_size_comes_from_the_prepared_data_when_there_is_one(tm
         resolve_run(params, "dfp", "cifar10", "lenet", "dfp", 0)
 
 
+def test_a_train_size_in_the_download_params_is_the_training_set_size_before_and_after_the_download(
+    tmp_path, monkeypatch
+):
+    """The download stage keeps `download.<dataset>.train_size` images: the grid's checks count with it, also over
+    the manifest of data prepared whole before the param was set."""
+    monkeypatch.chdir(tmp_path)
+    params = with_change("methods.dfp", {"prune_num": 300})
+    params["download"]["cifar10"]["train_size"] = 300
+    for manifest in (None, '{"splits": {"train": {"count": 50000}}}'):
+        if manifest:
+            (tmp_path / "data/prepared/cifar10").mkdir(parents=True)
+            (tmp_path / "data/prepared/cifar10/manifest.json").write_text(manifest)
+        with pytest.raises(ConfigError, match="prune_num: 300 prunes 300 of the 300 training samples"):
+            resolve_run(params, "dfp", "cifar10", "lenet", "dfp", 0)
+
+
+def test_the_grid_check_names_a_bad_train_size_of_a_dataset_it_trains_on():
+    params = with_change("download.cifar10.train_size", 25)
+    params["download"]["cifar100"]["train_size"] = "half"  # not in the grid below: the download stage says so
+    params["grid"] = {"dfp": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline"], "seeds": [0]}}
+    with pytest.raises(ConfigError) as caught:
+        validate_grid(params)
+    assert caught.value.problems == [
+        "download.cifar10.train_size: 25 is not a multiple of its 10 classes, which keep the same number of images "
+        "each; e.g. 20"
+    ]
+
+
 def test_every_problem_is_reported_at_once():
     params = with_change("recipes.dfp.lr", -1)
     params["recipes"]["dfp"]["batch_size"] = 0

@@ -363,7 +363,8 @@ def final_metric(repo, method: str, key: str) -> float:
     return json.loads((repo / "runs" / "dfp" / f"cifar10-lenet-{method}-s0" / "metrics.json").read_text())[key]
 
 
-PRUNED_EPOCHS = {4: 15_000, 6: 15_000, 8: 15_000, 10: 15_000}  # 30% of 50,000 in the quick setting
+QUICK_TRAIN_SIZE = 25_000  # params.quick.yaml: download.cifar10.train_size
+PRUNED_EPOCHS = dict.fromkeys((4, 6, 8, 10), 7_500)  # 30% of them in the quick setting
 
 
 @pytest.mark.e2e
@@ -384,14 +385,14 @@ def test_quick_pipeline_prunes_the_planned_epochs_visibly_in_mlflow(quick, metho
 
     pruned = per_epoch("pruned_samples")
     assert pruned == {epoch: PRUNED_EPOCHS.get(epoch, 0) for epoch in range(1, 11)}
-    assert per_epoch("trained_samples") == {epoch: 50_000 - n for epoch, n in pruned.items()}
+    assert per_epoch("trained_samples") == {epoch: QUICK_TRAIN_SIZE - n for epoch, n in pruned.items()}
     assert all(v > 0 for v in per_epoch("flagged_samples").values())
     assert all(v >= 1 for v in per_epoch("dropping_count_max").values())
     assert sorted(per_epoch("selection_s")) == list(range(1, 11))
     metrics = run.data.metrics
     assert metrics["planned_pruning_epochs"] == metrics["pruning_epochs"] == 4
     assert metrics["planned_saving_pct"] == pytest.approx(12.0)
-    assert metrics["pruned_samples_total"] == 60_000
+    assert metrics["pruned_samples_total"] == 30_000
     assert 0 < metrics["overhead_s"] < 0.05 * metrics["train_time_s"]
     assert "planned_pruning_epochs_eq" not in metrics  # the starting point attenuates: Eq. 3/4 do not apply
     history = read_csv(quick / "runs" / "dfp" / name / "history.csv")

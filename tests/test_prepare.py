@@ -221,6 +221,40 @@ def test_manifest_records_source_checksum_and_counts(tmp_path: Path, monkeypatch
         "test": {"count": 20, "per_class": dict.fromkeys(CIFAR10_CLASSES, 2)},
     }
     assert manifest["archive"]["file"] == "src.zip"
+    assert "train_subset" not in manifest  # the same manifest as before the param existed: DVC sees the same data
+
+
+def test_train_size_keeps_the_first_images_of_each_class_in_order_and_the_whole_test_split(tmp_path: Path) -> None:
+    images = sample_images()
+    archive = write_archive(tmp_path / "src.tar", folder_entries(images))
+    manifest = prepare_dataset("cifar10", str(archive), tmp_path / "out", tmp_path / "cache", progress=False,
+                               train_size=20)  # fmt: skip
+    first_two = {"train": {cls: items[:2] for cls, items in images["train"].items()}, "test": images["test"]}
+    for split, (x, y) in expected_arrays(first_two).items():
+        loaded = load_split(tmp_path / "out", split)
+        np.testing.assert_array_equal(loaded.images, x)
+        np.testing.assert_array_equal(loaded.labels, y)
+    assert manifest["train_subset"] == {"train_size": 20, "archive_train_count": 30}
+    assert manifest["splits"]["train"] == {"count": 20, "per_class": dict.fromkeys(CIFAR10_CLASSES, 2)}
+    assert manifest["splits"]["test"]["count"] == 20
+
+
+@pytest.mark.parametrize(
+    ("train_size", "match"),
+    [
+        (0, "train_size: 0 is invalid; accepted: null"),
+        (-10, "train_size: -10 is invalid"),
+        ("half", "train_size: 'half' is invalid"),
+        (True, "train_size: True is invalid"),
+        (25, "train_size: 25 is not a multiple of its 10 classes, which keep the same number of images each; e.g. 20"),
+        (40, "train_size: 40 asks for 4 images of each class, but the archive's training split has 3 of its smallest "
+             "class; at most 30"),
+    ],
+)  # fmt: skip
+def test_a_bad_train_size_fails_cleanly_then_a_good_one_succeeds(tmp_path: Path, train_size, match: str) -> None:
+    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
+    assert_fails_cleanly(tmp_path, str(archive), re.escape(match), train_size=train_size)
+    assert assert_retry_succeeds(tmp_path, str(archive), train_size=30)["splits"]["train"]["count"] == 30
 
 
 def test_same_data_gives_byte_identical_output(tmp_path: Path) -> None:
@@ -659,17 +693,19 @@ def test_load_split_refuses_missing_or_incomplete_folders(tmp_path: Path) -> Non
 
 
 @pytest.mark.e2e
-def test_shared_archive_prepares_full_cifar10(quick: Path) -> None:
-    """The shared archive as the quick pipeline's download stage prepared it: every image, class and checksum."""
+def test_shared_archive_prepares_cifar10_as_the_quick_setting_asks(quick: Path) -> None:
+    """The shared archive as the quick pipeline's download stage prepared it: all 50,000 training images read and
+    the first 2,500 of each class kept (params.quick.yaml's train_size), every test image, class and checksum."""
     out = quick / "data" / "prepared" / "cifar10"
     manifest = json.loads((out / "manifest.json").read_text())
     train, test = load_split(out, "train"), load_split(out, "test")
-    assert train.images.shape == (50_000, 32, 32, 3) and test.images.shape == (10_000, 32, 32, 3)
+    assert manifest["train_subset"] == {"train_size": 25_000, "archive_train_count": 50_000}
+    assert train.images.shape == (25_000, 32, 32, 3) and test.images.shape == (10_000, 32, 32, 3)
     assert train.classes == test.classes == manifest["classes"] == CIFAR10_CLASSES
-    assert np.bincount(train.labels).tolist() == [5_000] * 10
+    assert np.bincount(train.labels).tolist() == [2_500] * 10
     assert np.bincount(test.labels).tolist() == [1_000] * 10
-    assert manifest["splits"]["train"]["per_class"] == dict.fromkeys(CIFAR10_CLASSES, 5_000)
+    assert manifest["splits"]["train"]["per_class"] == dict.fromkeys(CIFAR10_CLASSES, 2_500)
     assert manifest["splits"]["test"]["per_class"] == dict.fromkeys(CIFAR10_CLASSES, 1_000)
     assert manifest["archive"]["sha256"] == SHARED_SHA256
-    means = train.images.mean(axis=(0, 1, 2)) / 255
-    np.testing.assert_allclose(means, [0.4913, 0.4821, 0.4465], atol=5e-4)
+    means = train.images.mean(axis=(0, 1, 2)) / 255  # half of each class: near the whole split's means
+    np.testing.assert_allclose(means, [0.4913, 0.4821, 0.4465], atol=1e-3)

@@ -253,8 +253,12 @@ def train_settings(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
-def train_size(data_root: str, dataset: str) -> int:
-    """Training images of `dataset`: the prepared data's manifest when there is one, else the dataset's own size."""
+def train_size(params: dict[str, Any], data_root: str, dataset: str) -> int:
+    """Training images of `dataset`: `download.<dataset>.train_size` when set (the download stage keeps that many),
+    else the prepared data's manifest when there is one, else the dataset's own size."""
+    subset = ((params.get("download") or {}).get(dataset) or {}).get("train_size")
+    if is_int(subset) and subset > 0:
+        return subset
     manifest = Path(data_root) / dataset / "manifest.json"
     try:
         return int(json.loads(manifest.read_text())["splits"]["train"]["count"])
@@ -307,7 +311,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
     with torch.device("meta"):  # the model's structure, without allocating its weights
         structure = create_model(model, DATASETS[dataset], **model_args)
     data_root = "data/prepared"
-    context = RunContext(structure, train_size(data_root, dataset), recipe.epochs, torch.device("meta"), seed,
+    context = RunContext(structure, train_size(params, data_root, dataset), recipe.epochs, torch.device("meta"), seed,
                          recipe.lr_at)  # fmt: skip
     if problems := instance.check_run(context):
         raise ConfigError(problems)
@@ -340,8 +344,10 @@ GRID_KEYS = ("datasets", "models", "methods", "seeds")
 def validate_grid(params: dict[str, Any]) -> None:
     """Check every run that `grid` asks for, in a second, before any of them trains: raises ConfigError listing
     every problem. (Each train stage checks only its own run otherwise, possibly hours into `dvc repro`.)"""
+    from cheaptrain.data import DataError
     from cheaptrain.methods import METHODS  # late: methods import torch
     from cheaptrain.models import MODELS
+    from cheaptrain.prepare import check_train_size, dataset_info
 
     named = [k for k, v in (params.get("methods") or {}).items() if isinstance(v, dict) and "method" in v]
 
@@ -389,5 +395,12 @@ def validate_grid(params: dict[str, Any]) -> None:
             resolve_run(params, study, dataset, model, method, seed)
         except ConfigError as e:
             problems += [p for p in e.problems if p not in problems]
+    for dataset in {dataset for _, dataset, _, _ in runs}:  # the download stage keeps that many training images
+        try:
+            check_train_size(
+                dataset_info(dataset), ((params.get("download") or {}).get(dataset) or {}).get("train_size")
+            )
+        except DataError as e:
+            problems.append(str(e))
     if problems:
         raise ConfigError(problems)

@@ -98,7 +98,7 @@ DATASETS: dict[str, DatasetInfo] = {
 Splits = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def _info(dataset: str) -> DatasetInfo:
+def dataset_info(dataset: str) -> DatasetInfo:
     if dataset not in DATASETS:
         raise DataError(f"Unknown dataset {dataset!r}: the accepted names are {', '.join(DATASETS)}.")
     return DATASETS[dataset]
@@ -118,7 +118,7 @@ def _local_hint(info: DatasetInfo) -> str:
 
 def resolve_source(dataset: str, source: str) -> str:
     """The effective source: $<DATASET>_SOURCE over the param; relative paths made absolute."""
-    info = _info(dataset)
+    info = dataset_info(dataset)
     source = os.environ.get(_env_var(dataset), "").strip() or source.strip()
     if not source:
         raise DataError(
@@ -132,10 +132,19 @@ def resolve_source(dataset: str, source: str) -> str:
 
 
 def prepare_dataset(
-    dataset: str, source: str, out_dir: Path, cache_dir: Path, sha256: str | None = None, progress: bool = True
+    dataset: str,
+    source: str,
+    out_dir: Path,
+    cache_dir: Path,
+    sha256: str | None = None,
+    progress: bool = True,
+    train_size: int | None = None,
 ) -> dict:
-    """Fetch, verify and decode `dataset` from `source`; write out_dir/{train,test}.npz + manifest.json."""
-    info = _info(dataset)
+    """Fetch, verify and decode `dataset` from `source`; write out_dir/{train,test}.npz + manifest.json.
+    `train_size`: keep that many training images, the first of each class in the archive's order (the same number
+    of each); None: all of them. The test split stays whole."""
+    info = dataset_info(dataset)
+    check_train_size(info, train_size)  # before any download
     resolved = resolve_source(dataset, source)
     out_dir, cache_dir = Path(out_dir), Path(cache_dir)
     expected = sha256.strip().lower() if sha256 else None
@@ -170,7 +179,40 @@ def prepare_dataset(
         "layout": layout,
         "archive": archive,
     }
+    if train_size is not None:  # the manifest of every image stays as it was: DVC then sees the same data
+        extra["train_subset"] = {"train_size": train_size, "archive_train_count": len(splits["train"][1])}
+        splits = splits | {"train": _first_of_each_class(*splits["train"], train_size // info.num_classes, info)}
     return write_prepared(out_dir, splits, classes, extra)
+
+
+def check_train_size(info: DatasetInfo, train_size: object) -> None:
+    """DataError unless `train_size` is None or a positive multiple of the dataset's number of classes."""
+    if train_size is None:
+        return
+    if isinstance(train_size, bool) or not isinstance(train_size, int) or train_size <= 0:
+        raise DataError(f"download.{info.name}.train_size: {train_size!r} is invalid; accepted: null (every "
+                        f"training image) or a positive number of images")  # fmt: skip
+    if train_size % info.num_classes:
+        nearest = max(train_size - train_size % info.num_classes, info.num_classes)
+        raise DataError(
+            f"download.{info.name}.train_size: {train_size} is not a multiple of its {info.num_classes} classes, "
+            f"which keep the same number of images each; e.g. {nearest}"
+        )
+
+
+def _first_of_each_class(
+    images: np.ndarray, labels: np.ndarray, per_class: int, info: DatasetInfo
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first `per_class` images of each class, in their order in the split."""
+    where = [np.flatnonzero(labels == c) for c in range(info.num_classes)]
+    if (fewest := min(map(len, where))) < per_class:
+        raise DataError(
+            f"download.{info.name}.train_size: {per_class * info.num_classes} asks for {per_class} images of each "
+            f"class, but the archive's training split has {fewest} of its smallest class; at most "
+            f"{fewest * info.num_classes}"
+        )
+    keep = np.sort(np.concatenate([w[:per_class] for w in where]))
+    return images[keep], labels[keep]
 
 
 # --- sources ---------------------------------------------------------------------------------------------
