@@ -37,7 +37,8 @@ gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py $(or $(OUT),gpu-check)
 
 # every speed claim of docs/measured.md, one script after another (minutes on 2 CPU cores);
-# the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared
+# the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared (half
+# of its training images: each of their epochs half as long as on all of them)
 bench: $(BIN)/.installed
 	@test -d data/prepared/cifar10 || { echo "no data/prepared/cifar10: run 'make quickstart' first"; exit 1; }
 	for name in loader malloc dfp wus checkpoint guards shapes; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done

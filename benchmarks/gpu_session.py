@@ -188,11 +188,12 @@ class Session:
 
 
 def prepare_data(session: Session, archive: Path | None) -> None:
-    if (Path("data/prepared/cifar10") / "manifest.json").is_file():
-        return
+    manifest = Path("data/prepared/cifar10") / "manifest.json"
+    if manifest.is_file() and "train_subset" not in json.loads(manifest.read_text()):
+        return  # every training image (the quick setting's half is prepared again)
     if archive is None or not archive.is_file():
-        raise UserError(f"data/prepared/cifar10 is missing and --cifar10 {archive} is not a file: copy the CIFAR-10 "
-                        "archive into the checkout (carry/) and name it")  # fmt: skip
+        raise UserError(f"data/prepared/cifar10 lacks CIFAR-10's training images and --cifar10 {archive} is not a "
+                        "file: copy the CIFAR-10 archive into the checkout (carry/) and name it")  # fmt: skip
     session.say(f"preparing CIFAR-10 from {archive}")
     subprocess.run([sys.executable, str(REPO / "stages/download.py"), "--dataset", "cifar10", "--no-mlflow"],
                    env=os.environ | {"CIFAR10_SOURCE": str(archive)}, check=True)  # fmt: skip

@@ -81,7 +81,7 @@ def main() -> None:
     if not args.check and None in run:
         parser.error("--study, --dataset, --model, --method and --seed are required (unless --check or --running)")
 
-    from cheaptrain.config import load_params, resolve_run, validate_grid
+    from cheaptrain.config import check_prepared, load_params, resolve_run, validate_grid
 
     params = set_params(load_params(args.params), args.assignments)
     validate_grid(params)
@@ -94,6 +94,7 @@ def main() -> None:
     from cheaptrain.tracking import INTERRUPTS
 
     cfg = resolve_run(params, *run)
+    check_prepared(params, cfg.dataset, cfg.data_dir)
     if cfg.processes > 1 and "LOCAL_RANK" not in os.environ:  # not yet under torchrun: start the processes
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.processes}"]
         os.execv(sys.executable, [*launch, *sys.argv])  # torchrun in this process's place: it gets the signals

@@ -1,8 +1,10 @@
 """Params: learning-rate schedules, resolution of every grid run, and clear errors for bad input."""
 
 import copy
+import re
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import yaml
 
@@ -250,6 +252,29 @@ def test_the_grid_check_names_a_bad_train_size_of_a_dataset_it_trains_on():
         "download.cifar10.train_size: 25 is not a multiple of its 10 classes, which keep the same number of images "
         "each; e.g. 20"
     ]
+
+
+def test_a_run_refuses_data_prepared_for_another_train_size(tmp_path):
+    """The quick setting leaves half of the training images in data/prepared; a run of the papers' setting (every
+    image) must not train on them, nor a quick run on every image (the train stage checks before training)."""
+    from cheaptrain.config import check_prepared
+    from cheaptrain.prepare import write_prepared
+
+    splits = {split: (np.zeros((10, 32, 32, 3), np.uint8), np.arange(10)) for split in ("train", "test")}
+    whole, half = tmp_path / "whole", tmp_path / "half"
+    write_prepared(whole, splits, [str(c) for c in range(10)], {})
+    write_prepared(
+        half, splits, [str(c) for c in range(10)], {"train_subset": {"train_size": 10, "archive_train_count": 20}}
+    )
+    quick = with_change("download.cifar10.train_size", 10)
+    check_prepared(PARAMS, "cifar10", whole)
+    check_prepared(quick, "cifar10", half)
+    check_prepared(PARAMS, "cifar10", tmp_path / "nothing prepared yet")  # loading the data says so
+    stale = f"{half} holds the first 10 training images, but params download.cifar10.train_size is null: prepare it"
+    with pytest.raises(UserError, match=re.escape(f"{stale} again (`dvc repro download@cifar10`")):
+        check_prepared(PARAMS, "cifar10", half)
+    with pytest.raises(UserError, match=r"holds every training image, but params download\.cifar10\.train_size is 10"):
+        check_prepared(quick, "cifar10", whole)
 
 
 def test_every_problem_is_reported_at_once():

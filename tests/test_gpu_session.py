@@ -9,6 +9,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -118,6 +119,21 @@ def log_epoch(run, n: int, at: float) -> None:
     with open(run.spec.log, "a") as log:
         log.write(f"{run.spec.name.split('/')[1]}: epoch {n}/{run.epochs} · train loss 1.0 · test acc 50.00% · 2.0 s\n")
     run.observe(at)
+
+
+def test_the_quick_settings_half_of_the_training_images_is_prepared_again_not_trained_on(tmp_path, monkeypatch):
+    """data/prepared as `make quickstart` leaves it (half of the training images) is no data for the ledger's runs."""
+    from cheaptrain.prepare import write_prepared
+
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    splits = {split: (np.zeros((10, 32, 32, 3), np.uint8), np.arange(10)) for split in ("train", "test")}
+    half = {"train_subset": {"train_size": 10, "archive_train_count": 20}}
+    write_prepared(tmp_path / "data/prepared/cifar10", splits, [str(c) for c in range(10)], half)
+    with pytest.raises(gpu_session.UserError, match="lacks CIFAR-10's training images and --cifar10 None is not a"):
+        gpu_session.prepare_data(None, None)
+    write_prepared(tmp_path / "data/prepared/cifar10", splits, [str(c) for c in range(10)], {})
+    gpu_session.prepare_data(None, None)  # every training image: nothing to do
 
 
 def test_a_runs_time_left_comes_from_its_estimate_then_from_its_own_pace(tmp_path, monkeypatch):

@@ -341,6 +341,24 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
 GRID_KEYS = ("datasets", "models", "methods", "seeds")
 
 
+def check_prepared(params: dict[str, Any], dataset: str, data_dir: str | Path) -> None:
+    """UserError when the training split prepared in `data_dir` is not the one `download.<dataset>.train_size` asks
+    for: data prepared under other params (the quick setting's half of the images, say) must not train their runs."""
+    manifest = Path(data_dir) / "manifest.json"
+    try:
+        prepared = (json.loads(manifest.read_text()).get("train_subset") or {}).get("train_size")
+    except (OSError, ValueError, AttributeError):
+        return  # nothing prepared yet: loading the data says so
+    wanted = ((params.get("download") or {}).get(dataset) or {}).get("train_size")
+    if prepared != wanted:
+        held = f"the first {prepared} training images" if prepared else "every training image"
+        raise UserError(
+            f"{manifest.parent} holds {held}, but params download.{dataset}.train_size is "
+            f"{'null' if wanted is None else repr(wanted)}: prepare it "
+            f"again (`dvc repro download@{dataset}`, or `python stages/download.py --dataset {dataset}`)"
+        )
+
+
 def validate_grid(params: dict[str, Any]) -> None:
     """Check every run that `grid` asks for, in a second, before any of them trains: raises ConfigError listing
     every problem. (Each train stage checks only its own run otherwise, possibly hours into `dvc repro`.)"""
