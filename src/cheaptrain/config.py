@@ -253,10 +253,10 @@ def train_settings(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
-def train_size(params: dict[str, Any], data_root: str, dataset: str) -> int:
-    """Training images of `dataset`: `download.<dataset>.train_size` when set (the download stage keeps that many),
-    else the prepared data's manifest when there is one, else the dataset's own size."""
-    subset = ((params.get("download") or {}).get(dataset) or {}).get("train_size")
+def train_size(data_root: str, dataset: str, params: dict[str, Any] | None = None) -> int:
+    """Training images of `dataset`: `download.<dataset>.train_size` of `params` when set (the download stage keeps
+    that many), else the prepared data's manifest when there is one, else the dataset's own size."""
+    subset = (((params or {}).get("download") or {}).get(dataset) or {}).get("train_size")
     if is_int(subset) and subset > 0:
         return subset
     manifest = Path(data_root) / dataset / "manifest.json"
@@ -311,7 +311,7 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
     with torch.device("meta"):  # the model's structure, without allocating its weights
         structure = create_model(model, DATASETS[dataset], **model_args)
     data_root = "data/prepared"
-    context = RunContext(structure, train_size(params, data_root, dataset), recipe.epochs, torch.device("meta"), seed,
+    context = RunContext(structure, train_size(data_root, dataset, params), recipe.epochs, torch.device("meta"), seed,
                          recipe.lr_at)  # fmt: skip
     if problems := instance.check_run(context):
         raise ConfigError(problems)
