@@ -253,6 +253,21 @@ def train_settings(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
+def train_size_problem(dataset: str, train_size: object) -> str | None:
+    """What is wrong with `download.<dataset>.train_size`, if anything: it is null or a positive multiple of the
+    number of classes (each class keeps as many images)."""
+    key, classes = f"download.{dataset}.train_size", DATASETS[dataset]
+    if train_size is None:
+        return None
+    if not is_int(train_size) or train_size <= 0:
+        return f"{key}: {train_size!r} is invalid; accepted: null (every training image) or a positive number of images"
+    if train_size % classes:
+        nearest = max(train_size - train_size % classes, classes)
+        return (f"{key}: {train_size} is not a multiple of its {classes} classes, which keep the same number of "
+                f"images each; e.g. {nearest}")  # fmt: skip
+    return None
+
+
 def train_size(data_root: str, dataset: str, params: dict[str, Any] | None = None) -> int:
     """Training images of `dataset`: `download.<dataset>.train_size` of `params` when set (the download stage keeps
     that many), else the prepared data's manifest when there is one, else the dataset's own size."""
@@ -362,10 +377,8 @@ def check_prepared(params: dict[str, Any], dataset: str, data_dir: str | Path) -
 def validate_grid(params: dict[str, Any]) -> None:
     """Check every run that `grid` asks for, in a second, before any of them trains: raises ConfigError listing
     every problem. (Each train stage checks only its own run otherwise, possibly hours into `dvc repro`.)"""
-    from cheaptrain.data import DataError
     from cheaptrain.methods import METHODS  # late: methods import torch
     from cheaptrain.models import MODELS
-    from cheaptrain.prepare import check_train_size, dataset_info
 
     named = [k for k, v in (params.get("methods") or {}).items() if isinstance(v, dict) and "method" in v]
 
@@ -413,12 +426,10 @@ def validate_grid(params: dict[str, Any]) -> None:
             resolve_run(params, study, dataset, model, method, seed)
         except ConfigError as e:
             problems += [p for p in e.problems if p not in problems]
-    for dataset in {dataset for _, dataset, _, _ in runs}:  # the download stage keeps that many training images
-        try:
-            check_train_size(
-                dataset_info(dataset), ((params.get("download") or {}).get(dataset) or {}).get("train_size")
-            )
-        except DataError as e:
-            problems.append(str(e))
+    for dataset in sorted({dataset for _, dataset, _, _ in runs}):  # the download stage keeps that many images
+        if problem := train_size_problem(
+            dataset, ((params.get("download") or {}).get(dataset) or {}).get("train_size")
+        ):
+            problems.append(problem)
     if problems:
         raise ConfigError(problems)

@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from cheaptrain.config import train_size_problem
 from cheaptrain.data import IMAGE_SHAPE, SPLITS, DataError, describe_error
 
 URL_PREFIXES = ("http://", "https://", "file://")
@@ -98,7 +99,7 @@ DATASETS: dict[str, DatasetInfo] = {
 Splits = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def dataset_info(dataset: str) -> DatasetInfo:
+def _info(dataset: str) -> DatasetInfo:
     if dataset not in DATASETS:
         raise DataError(f"Unknown dataset {dataset!r}: the accepted names are {', '.join(DATASETS)}.")
     return DATASETS[dataset]
@@ -118,7 +119,7 @@ def _local_hint(info: DatasetInfo) -> str:
 
 def resolve_source(dataset: str, source: str) -> str:
     """The effective source: $<DATASET>_SOURCE over the param; relative paths made absolute."""
-    info = dataset_info(dataset)
+    info = _info(dataset)
     source = os.environ.get(_env_var(dataset), "").strip() or source.strip()
     if not source:
         raise DataError(
@@ -143,8 +144,9 @@ def prepare_dataset(
     """Fetch, verify and decode `dataset` from `source`; write out_dir/{train,test}.npz + manifest.json.
     `train_size`: keep that many training images, the first of each class in the archive's order (the same number
     of each); None: all of them. The test split stays whole."""
-    info = dataset_info(dataset)
-    check_train_size(info, train_size)  # before any download
+    info = _info(dataset)
+    if problem := train_size_problem(dataset, train_size):  # before any download
+        raise DataError(problem)
     resolved = resolve_source(dataset, source)
     out_dir, cache_dir = Path(out_dir), Path(cache_dir)
     expected = sha256.strip().lower() if sha256 else None
@@ -183,21 +185,6 @@ def prepare_dataset(
         extra["train_subset"] = {"train_size": train_size, "archive_train_count": len(splits["train"][1])}
         splits = splits | {"train": _first_of_each_class(*splits["train"], train_size // info.num_classes, info)}
     return write_prepared(out_dir, splits, classes, extra)
-
-
-def check_train_size(info: DatasetInfo, train_size: object) -> None:
-    """DataError unless `train_size` is None or a positive multiple of the dataset's number of classes."""
-    if train_size is None:
-        return
-    if isinstance(train_size, bool) or not isinstance(train_size, int) or train_size <= 0:
-        raise DataError(f"download.{info.name}.train_size: {train_size!r} is invalid; accepted: null (every "
-                        f"training image) or a positive number of images")  # fmt: skip
-    if train_size % info.num_classes:
-        nearest = max(train_size - train_size % info.num_classes, info.num_classes)
-        raise DataError(
-            f"download.{info.name}.train_size: {train_size} is not a multiple of its {info.num_classes} classes, "
-            f"which keep the same number of images each; e.g. {nearest}"
-        )
 
 
 def _first_of_each_class(
