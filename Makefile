@@ -17,11 +17,20 @@ $(BIN)/.installed: pyproject.toml
 quickstart: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m cheaptrain.quick
 
-# lint, then every test (OpenMP threads that sleep while waiting: the same results, and no spinning against a busy
-# neighbour) (unit tests and the end-to-end runs of the real stages on the shared CIFAR-10)
+# lint, then every test (unit tests and the end-to-end runs of the real stages on the shared CIFAR-10) in two pytest
+# sessions at once: most tests keep one core busy (a stage in a subprocess, then the next). The first session holds
+# every test that reads the quick pipeline (which conftest.py starts in the background for it); the second's output
+# follows the first's. OpenMP threads sleep while waiting: the same results, and no spinning against a neighbour.
+SECOND_HALF := $(addprefix tests/,test_compile.py test_experiments.py test_benchmarks.py test_distributed.py \
+  test_gpu_check.py test_gpu_session.py test_package.py test_trainer.py test_models.py test_replay.py \
+  test_report_ledger.py)
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest
+	@export OMP_WAIT_POLICY=PASSIVE; \
+	$(BIN)/python -m pytest $(SECOND_HALF) > .pytest-second.log 2>&1 & second=$$!; \
+	$(BIN)/python -m pytest $(addprefix --ignore=,$(SECOND_HALF)); first=$$?; \
+	wait $$second; status=$$?; echo "== the second session: $(SECOND_HALF)"; cat .pytest-second.log; \
+	test $$first -eq 0 -a $$status -eq 0
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
