@@ -253,6 +253,11 @@ def train_settings(params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
+def train_size_param(params: dict[str, Any], dataset: str) -> Any:
+    """`download.<dataset>.train_size`: how many training images the download stage keeps (null: all)."""
+    return ((params.get("download") or {}).get(dataset) or {}).get("train_size")
+
+
 def train_size_problem(dataset: str, train_size: object) -> str | None:
     """What is wrong with `download.<dataset>.train_size`, if anything: it is null or a positive multiple of the
     number of classes (each class keeps as many images)."""
@@ -271,7 +276,7 @@ def train_size_problem(dataset: str, train_size: object) -> str | None:
 def train_size(data_root: str, dataset: str, params: dict[str, Any] | None = None) -> int:
     """Training images of `dataset`: `download.<dataset>.train_size` of `params` when set (the download stage keeps
     that many), else the prepared data's manifest when there is one, else the dataset's own size."""
-    subset = (((params or {}).get("download") or {}).get(dataset) or {}).get("train_size")
+    subset = train_size_param(params or {}, dataset)
     if is_int(subset) and subset > 0:
         return subset
     manifest = Path(data_root) / dataset / "manifest.json"
@@ -364,7 +369,7 @@ def check_prepared(params: dict[str, Any], dataset: str, data_dir: str | Path) -
         prepared = (json.loads(manifest.read_text()).get("train_subset") or {}).get("train_size")
     except (OSError, ValueError, AttributeError):
         return  # nothing prepared yet: loading the data says so
-    wanted = ((params.get("download") or {}).get(dataset) or {}).get("train_size")
+    wanted = train_size_param(params, dataset)
     if prepared != wanted:
         held = f"the first {prepared} training images" if prepared else "every training image"
         raise UserError(
@@ -427,9 +432,7 @@ def validate_grid(params: dict[str, Any]) -> None:
         except ConfigError as e:
             problems += [p for p in e.problems if p not in problems]
     for dataset in sorted({dataset for _, dataset, _, _ in runs}):  # the download stage keeps that many images
-        if problem := train_size_problem(
-            dataset, ((params.get("download") or {}).get(dataset) or {}).get("train_size")
-        ):
+        if problem := train_size_problem(dataset, train_size_param(params, dataset)):
             problems.append(problem)
     if problems:
         raise ConfigError(problems)
