@@ -707,5 +707,5 @@ def test_shared_archive_prepares_cifar10_as_the_quick_setting_asks(quick: Path) 
     assert manifest["splits"]["train"]["per_class"] == dict.fromkeys(CIFAR10_CLASSES, 2_500)
     assert manifest["splits"]["test"]["per_class"] == dict.fromkeys(CIFAR10_CLASSES, 1_000)
     assert manifest["archive"]["sha256"] == SHARED_SHA256
-    means = train.images.mean(axis=(0, 1, 2)) / 255  # half of each class: near the whole split's means
-    np.testing.assert_allclose(means, [0.4913, 0.4821, 0.4465], atol=1e-3)
+    means = train.images.mean(axis=(0, 1, 2)) / 255  # the whole split's: 0.4913, 0.4821, 0.4465
+    np.testing.assert_allclose(means, [0.4919, 0.4823, 0.4463], atol=5e-4)
