@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check, beside th
 from gpu_check import FULL, QUICK, REPO, Rate, Sizes, Variant, device_name, runs_config, skipped, steady_rate
 
 from cheaptrain import UserError
-from cheaptrain.config import RunConfig, load_params, resolve_run, train_size, validate_grid
+from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
 
 DEFAULT_RUNS = [  # issue 17's order
     f"wus:{model}:{method}"
@@ -188,8 +188,8 @@ class Session:
 
 
 def prepare_data(session: Session, archive: Path | None) -> None:
-    manifest = Path("data/prepared/cifar10") / "manifest.json"
-    if manifest.is_file() and "train_subset" not in json.loads(manifest.read_text()):
+    prepared = Path("data/prepared/cifar10")
+    if (prepared / "manifest.json").is_file() and prepared_train_size(prepared) is None:
         return  # every training image (the quick setting's half is prepared again)
     if archive is None or not archive.is_file():
         raise UserError(f"data/prepared/cifar10 lacks CIFAR-10's training images and --cifar10 {archive} is not a "

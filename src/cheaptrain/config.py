@@ -361,19 +361,25 @@ def resolve_run(params: dict[str, Any], study: str, dataset: str, model: str, me
 GRID_KEYS = ("datasets", "models", "methods", "seeds")
 
 
+def prepared_train_size(data_dir: str | Path) -> int | None:
+    """The `train_size` that the data in `data_dir` was prepared with (its manifest's `train_subset`); None: every
+    training image. OSError or ValueError where nothing readable is prepared."""
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+    return (manifest.get("train_subset") or {}).get("train_size")
+
+
 def check_prepared(params: dict[str, Any], dataset: str, data_dir: str | Path) -> None:
     """UserError when the training split prepared in `data_dir` is not the one `download.<dataset>.train_size` asks
     for: data prepared under other params (the quick setting's half of the images, say) must not train their runs."""
-    manifest = Path(data_dir) / "manifest.json"
     try:
-        prepared = (json.loads(manifest.read_text()).get("train_subset") or {}).get("train_size")
+        prepared = prepared_train_size(data_dir)
     except (OSError, ValueError, AttributeError):
         return  # nothing prepared yet: loading the data says so
     wanted = train_size_param(params, dataset)
     if prepared != wanted:
         held = f"the first {prepared} training images" if prepared else "every training image"
         raise UserError(
-            f"{manifest.parent} holds {held}, but params download.{dataset}.train_size is "
+            f"{data_dir} holds {held}, but params download.{dataset}.train_size is "
             f"{'null' if wanted is None else repr(wanted)}: prepare it "
             f"again (`dvc repro download@{dataset}`, or `python stages/download.py --dataset {dataset}`)"
         )
