@@ -1,6 +1,7 @@
 """`train.compile` and bf16 autocast on CPU, through the real loop on small synthetic data: every method decides
 under compile and bf16 as it does in eager fp32 (InfoBatch, whose candidates follow from the losses: in the same
-epochs, in numbers within 10%), reaches the same accuracy, and compiles each kind of epoch once.
+epochs, each time exactly its own scores below their mean, in numbers within the spread of seeds), reaches the same
+accuracy, and compiles each kind of epoch once.
 
 Each setting's run trains once (cached) and is read by several tests. The recipe (LeNet, batch 32, lr 0.01 halved
 every 2 epochs, 600 samples of 4 classes) learns the synthetic task to 100% test accuracy by epoch 4, before WUS
@@ -42,6 +43,10 @@ KNOBS = {
     "infobatch": dict(prune_ratio=0.5, delta=0.75),  # prunes epochs 2-6 (floor(0.75 * 8)), trains 7-8 whole
 }
 INFOBATCH_PRUNES = [False, True, True, True, True, True, False, False]
+# Eager fp32 runs of seeds 7-12 prune, epoch by epoch, counts up to 13% of the set apart (78 of 600, epoch 4; 211-280
+# in epoch 6): the share of scores below the mean is a noisy figure of a run. bf16 moves it as much as a seed does
+# (an H100: 211 against 274 in epoch 6), so the runs' counts agree within a margin over the seeds' spread.
+INFOBATCH_SPREAD = 0.2
 # what a method decides and what the loop counts
 DECISIONS = ("epoch", "lr", "trained_samples", "train_flops", "pruned_samples", "phase", "updated_params")
 # one graph each: normal training, evaluation, skip training, evaluation in the skip phase (a shorter last batch runs
@@ -197,17 +202,23 @@ def test_compile_and_bf16_reach_the_eager_fp32_accuracy(method, compile, amp):
 
 
 def check_infobatch(eager: Run, compiled: Run) -> None:
-    """InfoBatch under compile and bf16 prunes in the epochs eager fp32 does, half of its candidates each time, with
-    counts within 10% of the set of eager's (which losses fall below the mean moves with the rounding), trains the
+    """InfoBatch under compile and bf16 prunes in the epochs eager fp32 does, half of its candidates each time, its
+    candidates exactly the samples whose score (its own run's, at the epoch's start) is below the mean; trains the
     annealing epochs whole, and compiles nothing after its first epoch, though every pruning epoch ends on another
-    partial batch."""
+    partial batch. How many scores fall below the mean moves with the rounding as with the seed, so the two runs'
+    counts agree only within INFOBATCH_SPREAD."""
     for run_ in (eager, compiled):
         rows = run_.history
         assert [row["pruned_samples"] > 0 for row in rows] == INFOBATCH_PRUNES
         assert all(row["trained_samples"] + row["pruned_samples"] == len(TRAIN.labels) for row in rows)
         assert all(row["pruned_samples"] == row["candidates"] - row["candidates"] // 2 for row in rows)
+        for row, state in zip(rows[1:], run_.states, strict=False):  # the scores as the epoch before left them
+            scores = state["method"]["scores"]
+            below = int((scores < scores.mean()).sum()) if row["pruned_samples"] else 0  # annealing: no selection
+            assert row["candidates"] == below, f"epoch {row['epoch']}"
     for a, b in zip(eager.history, compiled.history, strict=True):
-        assert abs(a["pruned_samples"] - b["pruned_samples"]) <= 0.1 * len(TRAIN.labels), f"epoch {a['epoch']}"
+        gap = abs(a["pruned_samples"] - b["pruned_samples"])
+        assert gap <= INFOBATCH_SPREAD * len(TRAIN.labels), f"epoch {a['epoch']}"
     sizes = [row["trained_samples"] % 32 for row in compiled.history]
     assert len(set(sizes)) > 3  # last batches of 4+ sizes (batch 32)
     later = [reason for reasons in compiled.recompiles[1:] for reason in reasons]  # dynamo's, naming failed guards
