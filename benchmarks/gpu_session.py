@@ -5,6 +5,7 @@ Needs what gpu_check needs (PyTorch, numpy, PyYAML, tqdm); no MLflow, no DVC. Ru
     python3 benchmarks/gpu_session.py OUT [--minutes 9] [--runs STUDY:MODEL:METHOD[:SEED] ...] [--parallel 2]
                                           [--setting race|eager|graphs|graphs-fused] [--params params.yaml]
                                           [--cifar10 carry/cifar10-jpg.tar.gz] [--collect]
+                                          [--return-after MINUTES [--workdir /tmp/gpu-session]]
 
 A lent machine keeps nothing once it goes back, and one command ends within 10 minutes: a run that has not ended by
 then is lost (its checkpoint is far too large to bring back). So, within --minutes of the command's start:
@@ -26,6 +27,11 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
 Runs still training at the deadline go on, detached, as long as the machine stays: `--collect` waits for them (up to
 --minutes) and packs again. Each run is `stages/train.py ... --no-mlflow -S train.compile=...`: the setting is
 recorded in its entry. On a CPU (`--device cpu`, eager only, `--quick` sizes) the script checks itself.
+
+A lease longer than one command (15 minutes against 10): `--return-after M` runs the session, to its --minutes, in a
+process of its own, in a copy of the checkout under --workdir (outside it: the next command's fresh copy of the
+working tree cannot touch a run's files while it trains), and returns after M minutes with what it has packed so far;
+`--collect` in the next command waits for the session and its runs, then packs everything.
 """
 
 import argparse
@@ -35,11 +41,13 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -63,9 +71,9 @@ CANDIDATES = {  # --setting's names
 }
 EVALUATION = 1.1  # an epoch's evaluation (the test split, forward only) on top of its training
 # A run's time outside its epochs' training and evaluation: the process start, the data onto the device, a checkpoint
-# after every epoch (wall_time_s - train_time_s - eval_time_s of the four ResNet-18 runs an H100 trained, each writing
-# its checkpoints in line: 54-56 s).
-START_S = 55
+# after every epoch, written while the next epoch trains (wall_time_s - train_time_s - eval_time_s of the two H100
+# runs that wrote them so, the WUS and WUS+LR ResNet-18 entries: 29.6 and 29.9 s; 54-56 s written in line).
+START_S = 35
 # A run's first epoch against the race's: 40.9 s in a new process (beside a second run compiling) against 21.5 s for
 # the race's first epoch of the same graphs, on an H100
 FIRST_EPOCH = 2.0
@@ -75,6 +83,7 @@ PACE_EPOCHS = 3  # spans between epochs seen, after its first epoch, that give a
 PACE_WINDOW = 5  # the most recent spans its pace counts
 POLL_S = 5
 STATE = Path("gpu-session")  # the runs started (state.json) and their logs: what --collect reads
+DETACHED = STATE / "detached.json"  # where a session started with --return-after goes on: what --collect reads first
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,10 @@ class Spec:
     @property
     def log(self) -> Path:
         return STATE / f"{self.name.replace('/', '-')}.log"
+
+    @property
+    def text(self) -> str:
+        return f"{self.study}:{self.model}:{self.method}:{self.seed}"
 
     def done(self) -> bool:
         return (self.entry / "metrics.json").is_file()
@@ -124,11 +137,7 @@ class Training:
     def alive(self) -> bool:
         if self.process is not None:
             return self.process.poll() is None
-        try:
-            os.kill(self.pid, 0)
-        except OSError:
-            return False
-        return True
+        return alive(self.pid)
 
     def epoch(self) -> int:
         """The last epoch its log reports (the train stage writes a line per epoch where no progress bar shows)."""
@@ -356,7 +365,7 @@ def start(
 
 def write_state(runs: list[Training]) -> None:
     STATE.mkdir(exist_ok=True)
-    state = [{"run": f"{r.spec.study}:{r.spec.model}:{r.spec.method}:{r.spec.seed}", "pid": r.pid,
+    state = [{"run": r.spec.text, "pid": r.pid,
               "epochs": r.epochs, "estimate_s": r.estimate_s} for r in runs]  # fmt: skip
     (STATE / "state.json").write_text(json.dumps(state, indent=1) + "\n")
 
@@ -381,10 +390,70 @@ def collect(session: Session) -> None:
     report(session, runs)
 
 
+def detach(session: Session, args: argparse.Namespace, started: float) -> int:
+    """The session in a copy of the checkout under --workdir, in a process that outlives this command while the
+    machine stays; its lines printed until it ends or --return-after passes, then what it packed copied to OUT."""
+    work = args.workdir.resolve()
+    if Path.cwd().resolve().is_relative_to(work):
+        raise UserError(f"--workdir {work} holds the checkout: name a folder outside it")
+    if work.exists() and any(work.iterdir()) and not (work / "session.log").is_file():
+        raise UserError(f"--workdir {work} holds files but no earlier session (session.log): name another folder")
+    shutil.rmtree(work, ignore_errors=True)  # an earlier session's copy
+    left_out = {Path.cwd() / ".git", Path.cwd() / STATE, args.out, work}  # OUT and the copy may lie in the checkout
+
+    def skip(folder: str, names: list[str]) -> list[str]:
+        return [name for name in names if Path(folder, name).resolve() in left_out]
+
+    shutil.copytree(Path.cwd(), work / "repo", symlinks=True, ignore=skip)
+    minutes_left = args.minutes - (time.monotonic() - started) / 60
+    command = [sys.executable, str(work / "repo/benchmarks/gpu_session.py"), str(work / "out"),
+               "--minutes", f"{minutes_left:.3f}", "--runs", *[spec.text for spec in args.runs],
+               "--parallel", str(args.parallel), "--setting", args.setting, "--cifar10", str(args.cifar10),
+               "--params", args.params, "--device", args.device, *(["--quick"] if args.quick else [])]  # fmt: skip
+    with open(work / "session.log", "w") as log:
+        process = subprocess.Popen(command, cwd=work / "repo", stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    STATE.mkdir(exist_ok=True)
+    DETACHED.write_text(json.dumps({"workdir": str(work), "pid": process.pid}) + "\n")
+    until = started + 60 * args.return_after
+    follow(session, work, lambda: process.poll() is None and time.monotonic() < until)
+    for name in ("ledger.tar.gz", "logs.tar.gz", "race.csv"):
+        if (work / "out" / name).is_file():
+            shutil.copy2(work / "out" / name, args.out / name)
+    if process.poll() is None:
+        session.say(f"returning: the session goes on in {work} (pid {process.pid}); --collect waits for it")
+        return 0
+    return process.returncode
+
+
+def follow(session: Session, work: Path, going: Callable[[], bool]) -> None:
+    """Print the lines of the session under `work` as it writes them, while `going()`, then the rest."""
+    seen, path = 0, work / "out/session.txt"
+    while True:
+        more = going()
+        lines = path.read_text().splitlines() if path.is_file() else []
+        for line in lines[seen:]:
+            session.say(line)
+        seen = len(lines)
+        if not more:
+            return
+        time.sleep(1)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not reaped where nothing reaps orphans, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="folder for what comes back: the entries, logs, race, session.txt")
-    parser.add_argument("--minutes", type=float, default=9.0, help="this command's time (default: %(default)s)")
+    parser.add_argument("--minutes", type=float, default=9.0,
+                        help="the session's time: this command's, or the detached session's with --return-after "
+                        "(default: %(default)s)")  # fmt: skip
     parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run(r) for r in DEFAULT_RUNS],
                         help="STUDY:MODEL:METHOD[:SEED], in order (default: the WUS runs of issue 17)")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=2, help="most runs at once (default: %(default)s)")
@@ -396,20 +465,35 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="gpu_check's tiny race sizes: checks this script")
     parser.add_argument("--collect", action="store_true", help="only wait for the runs left training, and pack")
+    parser.add_argument("--return-after", type=float, metavar="MINUTES",
+                        help="return after this long, the session going on detached to --minutes (above)")  # fmt: skip
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpu-session"),
+                        help="where --return-after copies the checkout and trains (default: %(default)s)")  # fmt: skip
     args = parser.parse_args()
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
+    if args.return_after is not None and (args.collect or not 0 < args.return_after < args.minutes):
+        parser.error("--return-after: more than 0 and less than --minutes, and not with --collect")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
-    deadline = time.monotonic() + 60 * args.minutes
+    started = time.monotonic()
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    session = Session(args.out, deadline)
+    session = Session(args.out, started + 60 * args.minutes)
     session.say(f"gpu_session on {device_name(device)}: torch {torch.__version__}, {args.minutes:g} minutes")
     try:
         if args.collect:
+            if DETACHED.is_file():  # a session started with --return-after: its runs are in its copy
+                detached = json.loads(DETACHED.read_text())
+                work = Path(detached["workdir"])
+                follow(session, work, lambda: alive(detached["pid"]) and session.left() > 0)
+                os.chdir(work / "repo")
             collect(session)
             return
+        DETACHED.unlink(missing_ok=True)  # this session trains here
+        if args.return_after is not None:
+            sys.exit(detach(session, args, started))
         prepare_data(session, args.cifar10)
         params = load_params(args.params)
         validate_grid(params)  # as the train stage does first: a mistake fails here, in seconds, not in every run

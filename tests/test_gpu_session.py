@@ -86,8 +86,72 @@ def test_the_runs_that_fit_train_into_the_ledger_and_come_back_packed(repo):
     assert members(out / "ledger.tar.gz") == expected
 
 
+def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_brings_back_its_runs(repo, tmp_path):
+    """--return-after: the command returns while the session goes on in a copy of the checkout under --workdir (the
+    lease's next command copies the working tree afresh: the runs must not train in it); --collect in the next
+    command waits for the session and its runs and packs their entries."""
+    for folder in ("benchmarks", "stages", "src"):  # the copy's scripts: this repository's
+        (repo / folder).symlink_to(REPO / folder)
+    (repo / "gpu-session").mkdir()
+    (repo / "gpu-session/state.json").write_text("[]")  # an earlier session's here: not the copy's
+    work = tmp_path / "work"
+    runs = ["--runs", "dfp:lenet:baseline", "dfp:lenet:dfp"]
+    started = session(repo, *runs, "--minutes", "8", "--return-after", "0.02", "--workdir", str(work))
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "--collect waits for it" in started.stdout or "dfp/cifar10-lenet-dfp-s0: ended" in started.stdout
+    assert (work / "repo/params.yaml").is_file() and (work / "repo/data/prepared/cifar10/manifest.json").is_file()
+
+    collected = session(repo, "--collect", "--minutes", "8")
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    for method in ("baseline", "dfp"):
+        assert f"dfp/cifar10-lenet-{method}-s0: ended at epoch 2/2" in collected.stdout
+    assert {m.split("/")[2] for m in members(repo / "out/ledger.tar.gz")} == {
+        "cifar10-lenet-baseline-s0", "cifar10-lenet-dfp-s0"
+    }  # fmt: skip
+    assert not (repo / "ledger").exists()  # trained in the copy, never in the checkout
+    state = json.loads((work / "repo/gpu-session/state.json").read_text())
+    assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0"]
+    assert (repo / "out/session.txt").read_text() == collected.stdout  # the session's lines, from its start
+
+
+def test_return_after_needs_a_time_within_the_session_and_no_collect(tmp_path, monkeypatch, capsys):
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    for args in (["--return-after", "9"], ["--return-after", "0"], ["--collect", "--return-after", "1"]):
+        monkeypatch.setattr(sys, "argv", ["gpu_session.py", "out", "--device", "cpu", "--minutes", "9", *args])
+        with pytest.raises(SystemExit) as refused:
+            gpu_session.main()
+        assert refused.value.code == 2 and "--return-after" in capsys.readouterr().err, args
+    assert not (tmp_path / "out").exists()
+
+
+def test_return_after_never_empties_a_workdir_of_other_files_or_the_checkout(tmp_path, monkeypatch, capsys):
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes/keep.txt").write_text("mine")
+    for workdir, reason in (("notes", "no earlier session"), (".", "holds the checkout"), ("..", "holds the checkout")):
+        argv = [
+            "gpu_session.py",
+            "out",
+            "--device",
+            "cpu",
+            "--minutes",
+            "9",
+            "--return-after",
+            "1",
+            "--workdir",
+            workdir,
+        ]
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as refused:
+            gpu_session.main()
+        assert refused.value.code == 1 and reason in capsys.readouterr().out, workdir
+    assert (tmp_path / "notes/keep.txt").read_text() == "mine"
+
+
 def test_a_run_that_cannot_end_before_the_deadline_is_not_started(repo):
-    done = session(repo, "--runs", "dfp:lenet:baseline", "--minutes", "0.3")  # a run's start alone is estimated 55 s
+    done = session(repo, "--runs", "dfp:lenet:baseline", "--minutes", "0.3")  # a run's start alone is estimated 35 s
     assert done.returncode == 0, done.stdout + done.stderr
     assert "dfp/cifar10-lenet-baseline-s0: not started: it would not end in time" in done.stdout
     assert members(repo / "out/ledger.tar.gz") == set() and not (repo / "ledger").exists()
