@@ -114,39 +114,29 @@ def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_b
     assert (repo / "out/session.txt").read_text() == collected.stdout  # the session's lines, from its start
 
 
+def exit_code(monkeypatch, *args: str) -> int:
+    """The exit status of gpu_session's main(), in this process, on the CPU, with `args` after OUT ("out")."""
+    monkeypatch.setattr(sys, "argv", ["gpu_session.py", "out", "--device", "cpu", *args])
+    with pytest.raises(SystemExit) as exited:
+        load_gpu_session().main()
+    return exited.value.code
+
+
 def test_return_after_needs_a_time_within_the_session_and_no_collect(tmp_path, monkeypatch, capsys):
-    gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     for args in (["--return-after", "9"], ["--return-after", "0"], ["--collect", "--return-after", "1"]):
-        monkeypatch.setattr(sys, "argv", ["gpu_session.py", "out", "--device", "cpu", "--minutes", "9", *args])
-        with pytest.raises(SystemExit) as refused:
-            gpu_session.main()
-        assert refused.value.code == 2 and "--return-after" in capsys.readouterr().err, args
+        assert exit_code(monkeypatch, "--minutes", "9", *args) == 2, args
+        assert "--return-after" in capsys.readouterr().err, args
     assert not (tmp_path / "out").exists()
 
 
 def test_return_after_never_empties_a_workdir_of_other_files_or_the_checkout(tmp_path, monkeypatch, capsys):
-    gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes/keep.txt").write_text("mine")
     for workdir, reason in (("notes", "no earlier session"), (".", "holds the checkout"), ("..", "holds the checkout")):
-        argv = [
-            "gpu_session.py",
-            "out",
-            "--device",
-            "cpu",
-            "--minutes",
-            "9",
-            "--return-after",
-            "1",
-            "--workdir",
-            workdir,
-        ]
-        monkeypatch.setattr(sys, "argv", argv)
-        with pytest.raises(SystemExit) as refused:
-            gpu_session.main()
-        assert refused.value.code == 1 and reason in capsys.readouterr().out, workdir
+        assert exit_code(monkeypatch, "--minutes", "9", "--return-after", "1", "--workdir", workdir) == 1, workdir
+        assert reason in capsys.readouterr().out, workdir
     assert (tmp_path / "notes/keep.txt").read_text() == "mine"
 
 
