@@ -58,7 +58,9 @@ def main() -> None:
     parser.add_argument("--study", help="the paper whose recipe trains the run: a key of `recipes`")
     parser.add_argument("--dataset", help="cifar10 or cifar100")
     parser.add_argument("--model", help="a model name, e.g. lenet, resnet18, vgg16")
-    parser.add_argument("--method", help="baseline or a method of src/cheaptrain/methods")
+    parser.add_argument(
+        "--method", help="a section of params `methods`: baseline, a method or a named configuration (dfp_p50)"
+    )
     parser.add_argument("--seed", type=int, help="random seed of the run")
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="only check every run of the grid, then exit")

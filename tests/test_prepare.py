@@ -319,6 +319,21 @@ def test_environment_variable_overrides_the_param(tmp_path: Path, monkeypatch: p
     assert manifest["archive"]["sha256"] == sha256_of(archive)
 
 
+def test_a_sha256_checks_the_params_archive_not_another_one_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # params.quick.yaml pins the shared archive's sha256; CIFAR10_SOURCE=<another archive> must still prepare
+    pinned = write_archive(tmp_path / "pinned.tar", folder_entries(sample_images(0)))
+    other = write_archive(tmp_path / "other.tar", folder_entries(sample_images(1)))
+    monkeypatch.setenv("CIFAR10_SOURCE", str(other))
+    manifest = prepare_dataset(
+        "cifar10", str(pinned), tmp_path / "out", tmp_path / "cache", sha256=sha256_of(pinned), progress=False
+    )
+    assert manifest["archive"]["sha256"] == sha256_of(other)
+    # the archive the param names, whichever way: its sha256 is checked
+    assert_fails_cleanly(tmp_path, str(other), "Checksum mismatch", sha256=sha256_of(pinned))
+
+
 def test_unknown_dataset_lists_the_accepted_names(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="cifar10, cifar100"):
         resolve_source("mnist", "torchvision")

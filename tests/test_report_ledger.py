@@ -162,7 +162,8 @@ def test_a_fresh_checkout_with_only_ledger_entries_gets_the_papers_scale_section
     assert wus == ["cifar10-lenet-wus-s0", DEVICE, "200", "150", "75.0", f"{100 * 150 / 200 * (1 - 10 / 62006):.1f}",
                    "71–74", "paper's"]  # fmt: skip
     assert cells(report, "cifar10-lenet-wus_lr-s0") and not cells(report, "cifar10-lenet-baseline-s0")
-    assert "No runs in the grid" in report
+    assert "No runs in the grid" in report and "stages/aggregate.py --ledger-only" in report
+    assert "results/summary.csv" not in report  # the grid's outputs, which a ledger-only report does not write
     for name in LEDGER_FIGURES:  # the runs at the papers' setting drawn, not a placeholder
         assert f"(figures/{name})" in report and (out / "figures" / name).stat().st_size > 30_000, name
 

@@ -117,10 +117,11 @@ def _local_hint(info: DatasetInfo) -> str:
     )
 
 
-def resolve_source(dataset: str, source: str) -> str:
-    """The effective source: $<DATASET>_SOURCE over the param; relative paths made absolute."""
+def resolve_source(dataset: str, source: str, environment: bool = True) -> str:
+    """The effective source: $<DATASET>_SOURCE over the param (unless `environment` is False); relative paths made
+    absolute."""
     info = _info(dataset)
-    source = os.environ.get(_env_var(dataset), "").strip() or source.strip()
+    source = (os.environ.get(_env_var(dataset), "").strip() if environment else "") or source.strip()
     if not source:
         raise DataError(
             f'No source given for {dataset}. Use "torchvision", a URL or an archive path. ' + _local_hint(info)
@@ -149,7 +150,10 @@ def prepare_dataset(
         raise DataError(problem)
     resolved = resolve_source(dataset, source)
     out_dir, cache_dir = Path(out_dir), Path(cache_dir)
-    expected = sha256.strip().lower() if sha256 else None
+    # The sha256 is the param source's: another archive named by $<DATASET>_SOURCE is checked as one without it (an
+    # official archive by its md5), and the manifest records its own.
+    vouched = resolved == resolve_source(dataset, source, environment=False)
+    expected = sha256.strip().lower() if sha256 and vouched else None
     if resolved == "torchvision":
         splits, classes, archive = _from_torchvision(info, cache_dir, expected)
         layout = "torchvision"

@@ -52,18 +52,18 @@ def report_markdown(
     seeds' (seed_accuracies)."""
     measures = {r["study"]: r["acc_measure"] for r in summary}
     differences = setting_differences(runs, devices, published, measures)
-    lines = [
-        "# Results: cheaper CIFAR training, reproduced",
-        "",
+    intro = (
         f"{len(runs)} runs of the grid, summarised over seeds by the `aggregate` stage, beside the figures the papers "
         "publish (`data/published_results.csv`), and the results ledger's runs at the papers' scale. Regenerate "
         "with `dvc repro`; the numbers are in `results/summary.csv`, the headline figures in `results/metrics.json`; "
-        "the regression gate (stage `check`, README) reads the summary and writes `results/check.json`.",
-        "",
-        paper_scale_section,
-    ]
+        "the regression gate (stage `check`, README) reads the summary and writes `results/check.json`."
+        if runs
+        else "No runs in the grid (params `grid`): this report holds the results ledger's runs at the papers' scale "
+        "alone, beside the figures the papers publish (`data/published_results.csv`). Regenerate with `dvc repro`, or "
+        "from the ledger alone with `python stages/aggregate.py --ledger-only` (seconds; into `results/ledger-only/`)."
+    )
+    lines = ["# Results: cheaper CIFAR training, reproduced", "", intro, "", paper_scale_section]
     if not runs:
-        lines.append("No runs in the grid (params `grid`): this report holds the ledger's runs alone.")
         return "\n".join(lines) + "\n"
     lines += [
         "## Setup",
