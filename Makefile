@@ -1,4 +1,5 @@
-# The two commands of the README. Both create .venv and install the project first (needs Python 3.11+).
+# The README's two commands (quickstart, test) and the targets it names. Those that train create .venv and install
+# the project first (needs Python 3.11+); gpu-check and gpu-ledger use the machine's own PyTorch.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -26,6 +27,7 @@ SECOND_HALF := $(addprefix tests/,test_compile.py test_experiments.py test_bench
   test_report_ledger.py)
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	@export OMP_WAIT_POLICY=PASSIVE; \
 	$(BIN)/python -m pytest $(SECOND_HALF) > .pytest-second.log 2>&1 & second=$$!; \
 	$(BIN)/python -m pytest $(addprefix --ignore=,$(SECOND_HALF)); first=$$?; \
@@ -45,7 +47,8 @@ server: $(BIN)/.installed
 gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py $(or $(OUT),gpu-check)
 
-# every speed claim of docs/measured.md, one script after another (minutes on 2 CPU cores);
+# the CPU speed claims of docs/measured.md, one script after another (minutes on 2 CPU cores; noise.py, which trains
+# the quick runs twice, and the GPU scripts run on their own);
 # the loader, DFP and malloc scripts read the prepared CIFAR-10 that `make quickstart` leaves in data/prepared (half
 # of its training images: each of their epochs half as long as on all of them)
 bench: $(BIN)/.installed

@@ -50,7 +50,7 @@ def guard_us(model_name: str, shortcut: bool, calls: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet18", choices=sorted(MODELS))
+    parser.add_argument("--model", default="resnet18", choices=sorted(MODELS), help="the model (default: %(default)s)")
     parser.add_argument("--calls", type=positive_int, default=5000, help="guard checks timed in a row")
     parser.add_argument("--repeats", type=positive_int, default=3, help="processes of each way, taking turns")
     parser.add_argument("--only", choices=sorted(WAYS), help=argparse.SUPPRESS)  # one process's way

@@ -1,4 +1,4 @@
-"""Benchmark: what a busy machine does to the quick setting's figures (issue 14), unloaded and loaded side by side.
+"""Benchmark: what a busy machine does to the quick setting's figures, unloaded and loaded side by side.
 
     python benchmarks/noise.py [--threads 2] [--out DIR]     # train both passes, then compare them
     python benchmarks/noise.py --compare RUNS_A RUNS_B       # compare the runs below that both runs/ folders hold

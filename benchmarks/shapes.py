@@ -50,9 +50,14 @@ def prepared(model: str, device: str, setting: str, batches: int, dynamic: bool)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="lenet", choices=sorted(MODELS))
+    parser.add_argument("--model", default="lenet", choices=sorted(MODELS), help="the model (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
-    parser.add_argument("--setting", default="default", choices=sorted(SETTINGS))
+    parser.add_argument(
+        "--setting",
+        default="default",
+        choices=sorted(SETTINGS),
+        help="how the steps are compiled (default: %(default)s)",
+    )
     parser.add_argument("--batches", type=positive_int, default=20, help="full batches of 128 an epoch")
     parser.add_argument("--epochs", type=positive_int, default=5, help="timed epochs of each way, taking turns")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")

@@ -8,7 +8,7 @@ one-batch epoch of the project's own loop (cheaptrain.trainer.train_epoch) with 
   - normal:  every parameter trains (forward + full backward + SGD step);
   - skip:    every parameter frozen but the biases of the last --bias-layers layers (default 1: the classifier bias);
   - forward: the same batch through the model in training mode under torch.no_grad(), the floor a skip epoch can
-    reach (what the issue calls "one forward pass").
+    reach (the paper's "one forward pass").
 The images are random (the cost does not depend on pixel values), so no dataset is needed. After an untimed warm-up,
 the phases and models take turns batch by batch (normal, skip, forward, then rotated), so that the load of a shared
 machine hits every phase alike. Prints, per model, the median time of a batch in each phase, skip/normal (target: at

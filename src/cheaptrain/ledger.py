@@ -270,7 +270,9 @@ def _param(key: str, value: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cheaptrain.ledger", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=("list", "import", "index"), help="what to do with the ledger")
     args = parser.parse_args(argv)
     found = entries()

@@ -35,7 +35,9 @@ def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cheaptrain.quick", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("overlay", nargs="?", default="params.quick.yaml", help="overlay file (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc command without running it")
     parser.add_argument("dvc_args", nargs=argparse.REMAINDER, help="after --: more arguments for `dvc exp run`")

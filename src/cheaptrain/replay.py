@@ -139,7 +139,9 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cheaptrain.replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("entries", nargs="*", type=Path, help="ledger entry folders, e.g. ledger/dfp/cifar10-...-s0")
     parser.add_argument("--stale", action="store_true", help="every entry trained by another code version")
     parser.add_argument("--epochs", type=int, help="how many of the first epochs to replay (default: through the "

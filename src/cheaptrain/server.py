@@ -38,7 +38,9 @@ def server_command(store: str, artifacts: Path, host: str, port: int, extra: lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cheaptrain.server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--host", default="127.0.0.1", help="interface to listen on (default: %(default)s; 0.0.0.0: every machine)"
     )
