@@ -59,10 +59,13 @@ from gpu_check import FULL, QUICK, REPO, Rate, Sizes, Variant, device_name, runs
 from cheaptrain import UserError
 from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
 
-DEFAULT_RUNS = [  # issue 17's order
-    f"wus:{model}:{method}"
-    for model in ("resnet18", "vgg11", "alexnet", "vgg16")
-    for method in ("baseline", "wus", "wus_lr")
+# The WUS runs in the GPU issue's order, then the DFP paper's other networks, each a baseline and a dfp run (one claim
+# pair), the fewest training FLOPs an image first (cheaptrain.cost.step_flops: VGG-13 1.4 G, WRN-22 14.7 G); runs in
+# the ledger, AlexNet's from a CPU among them, are skipped
+WUS_MODELS = ("resnet18", "vgg11", "alexnet", "vgg16")
+DFP_MODELS = ("resnet18", "vgg13", "vgg16", "vgg19", "wrn10", "resnet34", "resnet50", "wrn16", "wrn22")
+DEFAULT_RUNS = [f"wus:{model}:{method}" for model in WUS_MODELS for method in ("baseline", "wus", "wus_lr")] + [
+    f"dfp:{model}:{method}" for model in DFP_MODELS for method in ("baseline", "dfp")
 ]
 CANDIDATES = {  # --setting's names
     "eager": Variant("eager", compile=False),
@@ -455,7 +458,8 @@ def main() -> None:
                         help="the session's time: this command's, or the detached session's with --return-after "
                         "(default: %(default)s)")  # fmt: skip
     parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run(r) for r in DEFAULT_RUNS],
-                        help="STUDY:MODEL:METHOD[:SEED], in order (default: the WUS runs of issue 17)")  # fmt: skip
+                        help="STUDY:MODEL:METHOD[:SEED], in order (default: WUS's ResNet-18, VGG-11, "
+                             "AlexNet, VGG-16 runs, then DFP's networks; those in the ledger skipped)")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=2, help="most runs at once (default: %(default)s)")
     parser.add_argument("--setting", choices=["race", *CANDIDATES], default="race",
                         help="the setting of every run: the race's fastest, or one named (default: race)")  # fmt: skip

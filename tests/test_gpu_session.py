@@ -267,3 +267,22 @@ def test_a_second_run_starts_only_if_both_end_in_time_sharing_the_device(tmp_pat
     assert not gpu_session.can_start(100.0, [first], now, time_left=424)  # 549 s for the first, sharing
     assert gpu_session.can_start(100.0, [first], now, time_left=560)
     assert not gpu_session.can_start(425.0, [], now, time_left=424)
+
+
+def test_the_default_runs_cover_every_cifar10_network_of_the_papers_beyond_lenet_and_resolve():
+    """A lease trains DEFAULT_RUNS unless told otherwise: a network forgotten there, or a run that does not resolve at
+    the papers' setting, would show only on a GPU."""
+    gpu_session = load_gpu_session()
+    from cheaptrain.config import load_params, resolve_run, validate_grid
+
+    params = load_params(REPO / "params.yaml")
+    validate_grid(params)
+    runs = [gpu_session.parse_run(text) for text in gpu_session.DEFAULT_RUNS]
+    for run in runs:
+        assert resolve_run(params, run.study, "cifar10", run.model, run.method, run.seed).recipe.epochs == 200, run
+    published = {(row["paper"], row["model"]) for row in read_csv(REPO / "data/published_results.csv")
+                 if row["dataset"] == "cifar10" and row["model"] != "lenet"}  # fmt: skip
+    assert {(run.study, run.model) for run in runs} == published
+    for study, model in published:  # each network's baseline and the paper's method
+        methods = {run.method for run in runs if (run.study, run.model) == (study, model)}
+        assert {"baseline", study} <= methods, (study, model)
