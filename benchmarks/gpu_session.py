@@ -25,14 +25,19 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
 4. pack, into OUT: ledger.tar.gz (the entries of the runs that ended: `tar xzf` it in the repository, then commit
    the entries), logs.tar.gz (each run's log), race.csv, session.txt (everything printed).
 Runs still training at the deadline go on, detached, as long as the machine stays: `--collect` waits for them (up to
---minutes) and packs again. Each run is `stages/train.py ... --no-mlflow -S train.compile=...`: the setting is
-recorded in its entry. On a CPU (`--device cpu`, eager only, `--quick` sizes) the script checks itself.
+--minutes), packing again as each one ends. Each run is `stages/train.py ... --no-mlflow -S train.compile=...`: the
+setting is recorded in its entry. On a CPU (`--device cpu`, eager only, `--quick` sizes) the script checks itself.
 
 A lease longer than one command (15 minutes against 10): `--return-after M` runs the session, to its --minutes, in a
 process of its own, in a copy of the checkout under --workdir (outside it: the next command's fresh copy of the
 working tree cannot touch a run's files while it trains), and returns after M minutes with what it has packed so far;
 `--collect` in the next command waits for the session and its runs, then packs everything.
 """
+
+# ruff: noqa: E402 (the clock first: importing torch takes seconds on a cold machine, and counts against the command)
+import time
+
+STARTED = time.monotonic()
 
 import argparse
 import contextlib
@@ -46,7 +51,7 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,7 +61,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check, beside this file
 from gpu_check import FULL, QUICK, REPO, Rate, Sizes, Variant, device_name, runs_config, skipped, steady_rate
 
-from cheaptrain import UserError
+from cheaptrain import UserError, atomic_write
 from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
 
 # The WUS runs in the GPU issue's order, then the DFP paper's other networks, each a baseline and a dfp run (one claim
@@ -193,7 +198,7 @@ class Session:
     def say(self, line: str = "") -> None:
         print(line, flush=True)
         self.lines.append(line)
-        (self.out / "session.txt").write_text("\n".join(self.lines) + "\n")
+        atomic_write(self.out / "session.txt", "\n".join(self.lines) + "\n")  # a follower never reads half of it
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -207,8 +212,10 @@ def prepare_data(session: Session, archive: Path | None) -> None:
         raise UserError(f"data/prepared/cifar10 lacks CIFAR-10's training images and --cifar10 {archive} is not a "
                         "file: copy the CIFAR-10 archive into the checkout (carry/) and name it")  # fmt: skip
     session.say(f"preparing CIFAR-10 from {archive}")
-    subprocess.run([sys.executable, str(REPO / "stages/download.py"), "--dataset", "cifar10", "--no-mlflow"],
-                   env=os.environ | {"CIFAR10_SOURCE": str(archive)}, check=True)  # fmt: skip
+    command = [sys.executable, str(REPO / "stages/download.py"), "--dataset", "cifar10", "--no-mlflow"]
+    done = subprocess.run(command, env=os.environ | {"CIFAR10_SOURCE": str(archive)}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"preparing CIFAR-10 failed: {(done.stderr or done.stdout).strip()[-1000:]}")
 
 
 def measure(session: Session, model: str, variant: Variant, device: torch.device, sizes: Sizes) -> Rate | None:
@@ -243,13 +250,13 @@ def estimate_s(epochs: int, train_size: int, rate: Rate, at_once: int) -> float:
 def pack(session: Session, started: list[Spec]) -> int:
     """The finished runs' entries and every run's log into OUT; rewritten each time, so an early stop keeps them."""
     ended = [spec for spec in started if spec.done()]
-    with tarfile.open(session.out / "ledger.tar.gz", "w:gz") as tar:
-        for spec in ended:
-            tar.add(spec.entry)
-    with tarfile.open(session.out / "logs.tar.gz", "w:gz") as tar:
-        for spec in started:
-            if spec.log.is_file():
-                tar.add(spec.log)
+    for name, paths in (("ledger.tar.gz", [spec.entry for spec in ended]),
+                        ("logs.tar.gz", [spec.log for spec in started if spec.log.is_file()])):  # fmt: skip
+        tmp = session.out / f".{name}.tmp"  # renamed when whole: a copy taken meanwhile gets the last one
+        with tarfile.open(tmp, "w:gz") as tar:
+            for path in paths:
+                tar.add(path)
+        tmp.replace(session.out / name)
     names = ", ".join(spec.name for spec in ended) or "none"
     session.say(f"-> {session.out / 'ledger.tar.gz'}: the entries of {len(ended)} runs ({names})")
     return len(ended)
@@ -296,6 +303,7 @@ def train(
             with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
                 os.killpg(newest.pid, signal.SIGTERM)  # its group: the train stage, and torchrun's workers if any
             newest.stopped = True
+            write_state(runs)
             for run in active:
                 run.settle()
         if sum(run.spec.done() for run in runs) > packed:  # packed as each run ends: a cut-off command keeps it
@@ -368,9 +376,9 @@ def start(
 
 def write_state(runs: list[Training]) -> None:
     STATE.mkdir(exist_ok=True)
-    state = [{"run": r.spec.text, "pid": r.pid,
-              "epochs": r.epochs, "estimate_s": r.estimate_s} for r in runs]  # fmt: skip
-    (STATE / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+    state = [{"run": r.spec.text, "pid": r.pid, "epochs": r.epochs,
+              "estimate_s": r.estimate_s, "stopped": r.stopped} for r in runs]  # fmt: skip
+    atomic_write(STATE / "state.json", json.dumps(state, indent=1) + "\n")
 
 
 def report(session: Session, runs: list[Training]) -> None:
@@ -385,11 +393,14 @@ def collect(session: Session) -> None:
     path = STATE / "state.json"
     if not path.is_file():
         raise UserError(f"{path} is missing: no session started runs here")
-    runs = [Training(parse_run(item["run"]), item["epochs"], item["estimate_s"], None, item["pid"])
-            for item in json.loads(path.read_text())]  # fmt: skip
+    runs = [Training(parse_run(item["run"]), item["epochs"], item["estimate_s"], None, item["pid"],
+                     stopped=item.get("stopped", False)) for item in json.loads(path.read_text())]  # fmt: skip
+    packed = pack(session, [run.spec for run in runs])
     # a run with its entry has ended, though its process may linger as a zombie where nothing reaps orphans
     while any(run.alive() and not run.spec.done() for run in runs) and session.left() > 0:
         time.sleep(POLL_S)
+        if sum(run.spec.done() for run in runs) > packed:  # packed as each run ends: a cut-off command keeps it
+            packed = pack(session, [run.spec for run in runs])
     report(session, runs)
 
 
@@ -408,21 +419,20 @@ def detach(session: Session, args: argparse.Namespace, started: float) -> int:
         return [name for name in names if Path(folder, name).resolve() in left_out]
 
     shutil.copytree(Path.cwd(), work / "repo", symlinks=True, ignore=skip)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    env = os.environ | ({"DVC_EXP_BASELINE_REV": commit} if commit else {})  # the entries' commit: the copy has no .git
     minutes_left = args.minutes - (time.monotonic() - started) / 60
     command = [sys.executable, str(work / "repo/benchmarks/gpu_session.py"), str(work / "out"),
                "--minutes", f"{minutes_left:.3f}", "--runs", *[spec.text for spec in args.runs],
                "--parallel", str(args.parallel), "--setting", args.setting, "--cifar10", str(args.cifar10),
                "--params", args.params, "--device", args.device, *(["--quick"] if args.quick else [])]  # fmt: skip
     with open(work / "session.log", "w") as log:
-        process = subprocess.Popen(command, cwd=work / "repo", stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(command, cwd=work / "repo", stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)  # fmt: skip
     STATE.mkdir(exist_ok=True)
     DETACHED.write_text(json.dumps({"workdir": str(work), "pid": process.pid}) + "\n")
     until = started + 60 * args.return_after
     follow(session, work, lambda: process.poll() is None and time.monotonic() < until)
-    for name in ("ledger.tar.gz", "logs.tar.gz", "race.csv"):
-        if (work / "out" / name).is_file():
-            shutil.copy2(work / "out" / name, args.out / name)
     if process.poll() is None:
         session.say(f"returning: the session goes on in {work} (pid {process.pid}); --collect waits for it")
         return 0
@@ -430,15 +440,21 @@ def detach(session: Session, args: argparse.Namespace, started: float) -> int:
 
 
 def follow(session: Session, work: Path, going: Callable[[], bool]) -> None:
-    """Print the lines of the session under `work` as it writes them, while `going()`, then the rest."""
+    """Print the lines of the session under `work` as it writes them, and copy what it packs into OUT, while
+    `going()`, then the rest, and its whole output (detached.log: what it printed, tracebacks included)."""
     seen, path = 0, work / "out/session.txt"
     while True:
         more = going()
-        lines = path.read_text().splitlines() if path.is_file() else []
+        lines = path.read_bytes().decode(errors="replace").splitlines() if path.is_file() else []
         for line in lines[seen:]:
             session.say(line)
-        seen = len(lines)
+        seen = max(seen, len(lines))
+        for name in ("ledger.tar.gz", "logs.tar.gz", "race.csv"):  # each replaced whole by the session
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copy2(work / "out" / name, session.out / name)
         if not more:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copy2(work / "session.log", session.out / "detached.log")
             return
         time.sleep(1)
 
@@ -481,10 +497,9 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
-    started = time.monotonic()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    session = Session(args.out, started + 60 * args.minutes)
+    session = Session(args.out, STARTED + 60 * args.minutes)
     session.say(f"gpu_session on {device_name(device)}: torch {torch.__version__}, {args.minutes:g} minutes")
     try:
         if args.collect:
@@ -495,9 +510,11 @@ def main() -> None:
                 os.chdir(work / "repo")
             collect(session)
             return
+        if DETACHED.is_file() and alive(pid := json.loads(DETACHED.read_text())["pid"]):  # its runs have the device
+            raise UserError(f"the session started earlier (pid {pid}) still runs: --collect waits for it")
         DETACHED.unlink(missing_ok=True)  # this session trains here
         if args.return_after is not None:
-            sys.exit(detach(session, args, started))
+            sys.exit(detach(session, args, STARTED))
         prepare_data(session, args.cifar10)
         params = load_params(args.params)
         validate_grid(params)  # as the train stage does first: a mistake fails here, in seconds, not in every run
@@ -514,6 +531,9 @@ def main() -> None:
         train(session, args, configs, device, QUICK if args.quick else FULL)
     except UserError as error:
         session.say(f"error: {error}")
+        sys.exit(1)
+    except Exception:  # into session.txt, which the command that started a detached session prints
+        session.say(traceback.format_exc().rstrip())
         sys.exit(1)
 
 

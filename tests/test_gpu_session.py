@@ -3,6 +3,7 @@ through the train stage, the rest left unstarted, and what comes back packed."""
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -112,6 +113,53 @@ def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_b
     state = json.loads((work / "repo/gpu-session/state.json").read_text())
     assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0"]
     assert (repo / "out/session.txt").read_text() == collected.stdout  # the session's lines, from its start
+
+
+def test_a_detached_session_that_fails_says_why_in_the_command_that_started_it(repo, tmp_path):
+    for folder in ("benchmarks", "stages", "src"):
+        (repo / folder).symlink_to(REPO / folder)
+    shutil.rmtree(repo / "data")  # so the session prepares CIFAR-10, from an archive that is not one
+    (repo / "carry").mkdir()
+    (repo / "carry/cifar10.tar.gz").write_text("not an archive")
+    work = ["--workdir", str(tmp_path / "w")]
+    started = session(repo, "--cifar10", "carry/cifar10.tar.gz", "--return-after", "5", *work)
+    assert started.returncode == 1, started.stdout + started.stderr
+    assert "error: preparing CIFAR-10 failed" in started.stdout and "carry/cifar10.tar.gz" in started.stdout
+    assert "preparing CIFAR-10 from" in (repo / "out/detached.log").read_text()  # all it printed, here too
+
+
+def test_collect_packs_each_run_as_it_ends_and_returns_at_its_deadline_with_runs_training(repo):
+    """The lease's last command may be cut short: what has ended is in OUT from the first seconds, and again as each
+    run ends; at --minutes it returns, the runs still training named."""
+    sleeping = [subprocess.Popen(["sleep", "600"], start_new_session=True) for _ in range(2)]
+    try:
+        (repo / "gpu-session").mkdir()
+        state = [{"run": f"dfp:lenet:{method}:0", "pid": p.pid, "epochs": 2, "estimate_s": 60}
+                 for method, p in zip(("baseline", "dfp"), sleeping, strict=True)]  # fmt: skip
+        (repo / "gpu-session/state.json").write_text(json.dumps(state))
+        command = [sys.executable, str(SCRIPT), "out", "--device", "cpu", "--collect", "--minutes", "0.5"]
+        collect = subprocess.Popen(command, cwd=repo, stdout=subprocess.PIPE, text=True)
+        ledger = repo / "out/ledger.tar.gz"
+        wait_for(lambda: ledger.is_file() and members(ledger) == set())
+        entry = repo / "ledger/dfp/cifar10-lenet-baseline-s0"
+        entry.mkdir(parents=True)
+        (entry / "metrics.json").write_text("{}")  # the baseline ends
+        sleeping[0].kill()
+        wait_for(lambda: members(ledger) == {"ledger/dfp/cifar10-lenet-baseline-s0/metrics.json"})
+        assert collect.poll() is None  # packed while it waits for the other run
+        out, _ = collect.communicate(timeout=120)
+        assert collect.returncode == 0, out
+        assert "dfp/cifar10-lenet-baseline-s0: ended" in out and "dfp/cifar10-lenet-dfp-s0: training" in out
+    finally:
+        for p in sleeping:
+            p.kill()
+
+
+def wait_for(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within a minute"
+        time.sleep(0.2)
 
 
 def exit_code(monkeypatch, *args: str) -> int:
@@ -286,3 +334,21 @@ def test_the_default_runs_cover_every_cifar10_network_of_the_papers_beyond_lenet
     for study, model in published:  # each network's baseline and the paper's method
         methods = {run.method for run in runs if (run.study, run.model) == (study, model)}
         assert {"baseline", study} <= methods, (study, model)
+
+
+def test_a_new_session_is_refused_while_a_detached_one_still_runs(tmp_path, monkeypatch, capsys):
+    """Rerun on the warm machine, the first command would otherwise delete the running session's copy and share the
+    device with its runs."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpu-session").mkdir()
+    running = subprocess.Popen(["sleep", "600"])
+    try:
+        (tmp_path / "gpu-session/detached.json").write_text(
+            json.dumps({"workdir": str(tmp_path / "w"), "pid": running.pid})
+        )
+        for args in (["--return-after", "1"], []):
+            assert exit_code(monkeypatch, "--minutes", "9", *args) == 1, args
+            assert f"(pid {running.pid}) still runs" in capsys.readouterr().out, args
+        assert (tmp_path / "gpu-session/detached.json").is_file()  # --collect still finds it
+    finally:
+        running.kill()
