@@ -95,6 +95,10 @@ def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_b
         (repo / folder).symlink_to(REPO / folder)
     (repo / "gpu-session").mkdir()
     (repo / "gpu-session/state.json").write_text("[]")  # an earlier session's here: not the copy's
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "checkout"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     work = tmp_path / "work"
     runs = ["--runs", "dfp:lenet:baseline", "dfp:lenet:dfp"]
     started = session(repo, *runs, "--minutes", "8", "--return-after", "0.02", "--workdir", str(work))
@@ -110,6 +114,8 @@ def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_b
         "cifar10-lenet-baseline-s0", "cifar10-lenet-dfp-s0"
     }  # fmt: skip
     assert not (repo / "ledger").exists()  # trained in the copy, never in the checkout
+    run = json.loads((work / "repo/ledger/dfp/cifar10-lenet-dfp-s0/run.json").read_text())
+    assert run["git_commit"] == commit  # the checkout's, though the copy has no .git
     state = json.loads((work / "repo/gpu-session/state.json").read_text())
     assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0"]
     assert (repo / "out/session.txt").read_text() == collected.stdout  # the session's lines, from its start
