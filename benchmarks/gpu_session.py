@@ -404,7 +404,7 @@ def collect(session: Session) -> None:
     report(session, runs)
 
 
-def detach(session: Session, args: argparse.Namespace, started: float) -> int:
+def detach(session: Session, args: argparse.Namespace) -> int:
     """The session in a copy of the checkout under --workdir, in a process that outlives this command while the
     machine stays; its lines printed until it ends or --return-after passes, then what it packed copied to OUT."""
     work = args.workdir.resolve()
@@ -421,7 +421,7 @@ def detach(session: Session, args: argparse.Namespace, started: float) -> int:
     shutil.copytree(Path.cwd(), work / "repo", symlinks=True, ignore=skip)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     env = os.environ | ({"DVC_EXP_BASELINE_REV": commit} if commit else {})  # the entries' commit: the copy has no .git
-    minutes_left = args.minutes - (time.monotonic() - started) / 60
+    minutes_left = args.minutes - (time.monotonic() - STARTED) / 60
     command = [sys.executable, str(work / "repo/benchmarks/gpu_session.py"), str(work / "out"),
                "--minutes", f"{minutes_left:.3f}", "--runs", *[spec.text for spec in args.runs],
                "--parallel", str(args.parallel), "--setting", args.setting, "--cifar10", str(args.cifar10),
@@ -431,7 +431,7 @@ def detach(session: Session, args: argparse.Namespace, started: float) -> int:
                                    start_new_session=True)  # fmt: skip
     STATE.mkdir(exist_ok=True)
     DETACHED.write_text(json.dumps({"workdir": str(work), "pid": process.pid}) + "\n")
-    until = started + 60 * args.return_after
+    until = STARTED + 60 * args.return_after
     follow(session, work, lambda: process.poll() is None and time.monotonic() < until)
     if process.poll() is None:
         session.say(f"returning: the session goes on in {work} (pid {process.pid}); --collect waits for it")
@@ -514,7 +514,7 @@ def main() -> None:
             raise UserError(f"the session started earlier (pid {pid}) still runs: --collect waits for it")
         DETACHED.unlink(missing_ok=True)  # this session trains here
         if args.return_after is not None:
-            sys.exit(detach(session, args, STARTED))
+            sys.exit(detach(session, args))
         prepare_data(session, args.cifar10)
         params = load_params(args.params)
         validate_grid(params)  # as the train stage does first: a mistake fails here, in seconds, not in every run
