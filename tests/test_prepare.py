@@ -330,6 +330,8 @@ def test_a_sha256_checks_the_params_archive_not_another_one_the_environment_name
         "cifar10", str(pinned), tmp_path / "out", tmp_path / "cache", sha256=sha256_of(pinned), progress=False
     )
     assert manifest["archive"]["sha256"] == sha256_of(other)
+    manifest = prepare_dataset("cifar10", " ", tmp_path / "out", tmp_path / "cache", sha256="0" * 64, progress=False)
+    assert manifest["archive"]["sha256"] == sha256_of(other)  # no param source: the variable's archive, unchecked
     # the archive the param names, whichever way: its sha256 is checked
     assert_fails_cleanly(tmp_path, str(other), "Checksum mismatch", sha256=sha256_of(pinned))
 

@@ -152,7 +152,7 @@ def prepare_dataset(
     out_dir, cache_dir = Path(out_dir), Path(cache_dir)
     # The sha256 is the param source's: another archive named by $<DATASET>_SOURCE is checked as one without it (an
     # official archive by its md5), and the manifest records its own.
-    vouched = resolved == resolve_source(dataset, source, environment=False)
+    vouched = bool(source.strip()) and resolved == resolve_source(dataset, source, environment=False)
     expected = sha256.strip().lower() if sha256 and vouched else None
     if resolved == "torchvision":
         splits, classes, archive = _from_torchvision(info, cache_dir, expected)
