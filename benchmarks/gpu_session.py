@@ -262,6 +262,14 @@ def pack(session: Session, started: list[Spec]) -> int:
     return len(ended)
 
 
+def pack_new(session: Session, runs: list[Training], packed: int) -> int:
+    """Pack again when more of `runs` have ended than the `packed` last time, so that a command cut off keeps each
+    run as it ends; how many are packed now."""
+    if sum(run.spec.done() for run in runs) > packed:
+        return pack(session, [run.spec for run in runs])
+    return packed
+
+
 def train(
     session: Session, args: argparse.Namespace, configs: dict[Spec, RunConfig], device: torch.device, sizes: Sizes
 ) -> None:
@@ -306,8 +314,7 @@ def train(
             write_state(runs)
             for run in active:
                 run.settle()
-        if sum(run.spec.done() for run in runs) > packed:  # packed as each run ends: a cut-off command keeps it
-            packed = pack(session, [run.spec for run in runs])
+        packed = pack_new(session, runs, packed)
         for spec in list(queue):
             if len(active) >= args.parallel:
                 break
@@ -399,8 +406,7 @@ def collect(session: Session) -> None:
     # a run with its entry has ended, though its process may linger as a zombie where nothing reaps orphans
     while any(run.alive() and not run.spec.done() for run in runs) and session.left() > 0:
         time.sleep(POLL_S)
-        if sum(run.spec.done() for run in runs) > packed:  # packed as each run ends: a cut-off command keeps it
-            packed = pack(session, [run.spec for run in runs])
+        packed = pack_new(session, runs, packed)
     report(session, runs)
 
 
