@@ -13,7 +13,8 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
 2. race: the first pending run's model, its training images/s in each candidate setting (eager; CUDA graphs; CUDA
    graphs with fused SGD and cudnn.benchmark; each in the device's default autocast, bf16 on CUDA), as gpu_check
    measures it (steady state after an untimed first epoch, which compiles and records the graphs). The fastest trains
-   every run of the session; another model is measured in it when a run of that model is next and nothing trains.
+   every run of the session; another model is measured in it when a run of that model is next, nothing trains, and
+   a run of it would end in time at the fastest rate measured yet. Each measurement is a row of race.csv.
    `--setting NAME` skips the race and measures that setting alone: the runs of a study that earlier leases trained
    keep their setting, so that their times compare;
 3. train: the pending runs (those without a ledger entry) in order, at most --parallel at once. A run starts only
@@ -42,6 +43,7 @@ STARTED = time.monotonic()
 import argparse
 import contextlib
 import csv
+import io
 import itertools
 import json
 import os
@@ -86,7 +88,7 @@ START_S = 35
 # the race's first epoch of the same graphs, on an H100
 FIRST_EPOCH = 2.0
 STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
-MEASURE_S = 60  # the least time left in which another model is measured
+MEASURE_S = 60  # measuring a model: it is measured only if this and a run at the fastest rate measured yet fit
 PACE_EPOCHS = 3  # spans between epochs seen, after its first epoch, that give a run's own pace (then its estimate)
 PACE_WINDOW = 5  # the most recent spans its pace counts
 POLL_S = 5
@@ -219,18 +221,25 @@ def prepare_data(session: Session, archive: Path | None) -> None:
 
 
 def measure(session: Session, model: str, variant: Variant, device: torch.device, sizes: Sizes) -> Rate | None:
-    """`model`'s steady training rate in `variant` (None if it failed: the reason printed)."""
+    """`model`'s steady training rate in `variant` (None if it failed: the reason printed), a row of race.csv."""
     torch._dynamo.reset()
+    rate = None
     try:
         rate = steady_rate(runs_config(model, device, sizes.batch), sizes, variant)
     except Exception as error:  # the next candidate still runs
         session.say(f"{model:10} {variant.name:26} FAILED: {type(error).__name__}: {str(error).strip()[:200]}")
-        return None
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the runs, other processes, get the device's memory
-    session.say(f"{model:10} {variant.name:26} {rate.images_per_s:10.0f} {rate.first_epoch_s:8.1f}"
-                f"{skipped(rate, device)}")  # fmt: skip
+    race = session.out / "race.csv"
+    rows = race.read_text() if race.is_file() else "model,setting,images_per_s,first_epoch_s,graphs_skipped,device\n"
+    figures = [round(rate.images_per_s, 1), round(rate.first_epoch_s, 2), rate.graphs_skipped] if rate else ["", "", ""]
+    line = io.StringIO()
+    csv.writer(line, lineterminator="\n").writerow([model, variant.name, *figures, device_name(device)])
+    atomic_write(race, rows + line.getvalue())  # a follower never reads half of it
+    if rate is not None:
+        session.say(f"{model:10} {variant.name:26} {rate.images_per_s:10.0f} {rate.first_epoch_s:8.1f}"
+                    f"{skipped(rate, device)}")  # fmt: skip
     return rate
 
 
@@ -280,14 +289,9 @@ def train(
                 "first s: its untimed first epoch (compiling)")  # fmt: skip
     session.say(f"{'model':10} {'setting':26} {'images/s':>10} {'first s':>8}")
     first = pending[0].model
+    (session.out / "race.csv").unlink(missing_ok=True)  # a row for each model measured (measure)
     race = {variant: measure(session, first, variant, device, sizes) for variant in candidates(args.setting, device)}
     fine = {variant: rate for variant, rate in race.items() if rate is not None}
-    with open(session.out / "race.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["model", "setting", "images_per_s", "first_epoch_s", "graphs_skipped", "device"])
-        for variant, rate in race.items():
-            figures = [round(rate.images_per_s, 1), round(rate.first_epoch_s, 2), rate.graphs_skipped] if rate else []
-            writer.writerow([first, variant.name, *(figures or ["", "", ""]), device_name(device)])
     if not fine:
         raise UserError(f"every setting failed on {first}: nothing to train with")
     best = max(fine, key=lambda variant: fine[variant].images_per_s)
@@ -318,17 +322,21 @@ def train(
         for spec in list(queue):
             if len(active) >= args.parallel:
                 break
+            cfg = configs[spec]
+            epochs, size = cfg.recipe.epochs, train_size(cfg.data_root, cfg.dataset)
             if spec.model not in rates:
-                if active or session.left() < MEASURE_S:
+                if active:
                     continue  # measured only while nothing trains
+                fastest = max(rates.values(), key=lambda rate: rate.images_per_s)
+                if session.left() < MEASURE_S + estimate_s(epochs, size, fastest, 1):
+                    continue  # it would not end in time at the fastest rate measured: not worth measuring
                 rate = measure(session, spec.model, best, device, sizes)
                 if rate is None:
                     queue.remove(spec)
                     continue
                 rates[spec.model] = rate
-            cfg = configs[spec]
             at_once = len(active) + 1  # sharing the device with the runs training now
-            need = estimate_s(cfg.recipe.epochs, train_size(cfg.data_root, cfg.dataset), rates[spec.model], at_once)
+            need = estimate_s(epochs, size, rates[spec.model], at_once)
             if not can_start(need, active, now, session.left()):
                 continue  # perhaps later, with fewer runs at once
             queue.remove(spec)

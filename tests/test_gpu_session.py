@@ -201,6 +201,27 @@ def test_a_run_that_cannot_end_before_the_deadline_is_not_started(repo):
     assert members(repo / "out/ledger.tar.gz") == set() and not (repo / "ledger").exists()
 
 
+def test_each_model_measured_is_a_row_of_race_csv(repo):
+    done = session(repo, "--runs", "dfp:lenet:baseline", "dfp:alexnet:baseline", "--minutes", "8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [(row["model"], row["setting"]) for row in read_csv(repo / "out/race.csv")] == [
+        ("lenet", "eager"),
+        ("alexnet", "eager"),  # measured once the lenet run ended, then trained
+    ]
+    assert "dfp/cifar10-alexnet-baseline-s0: ended at epoch 2/2" in done.stdout
+
+
+def test_a_model_whose_run_would_not_end_in_time_even_at_the_fastest_rate_is_not_measured(repo):
+    # 108 s: the lenet run (estimated 35 s and more) starts; once it ends, less is left than measuring (60 s) and a
+    # run at lenet's rate need together
+    done = session(repo, "--runs", "dfp:lenet:baseline", "dfp:alexnet:baseline", "--minutes", "1.8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dfp/cifar10-lenet-baseline-s0: ended at epoch 2/2" in done.stdout
+    assert "dfp/cifar10-alexnet-baseline-s0: not started: it would not end in time" in done.stdout
+    assert "alexnet " not in done.stdout.split("dfp/cifar10-lenet-baseline-s0: started")[1].split(" not started")[0]
+    assert [row["model"] for row in read_csv(repo / "out/race.csv")] == ["lenet"]
+
+
 def test_a_misnamed_run_or_invalid_params_fail_before_the_race(repo):
     bad = session(repo, "--runs", "dfp:lenet:no_such_method")
     assert bad.returncode == 1 and "no_such_method" in bad.stdout and not (repo / "out/race.csv").exists()
