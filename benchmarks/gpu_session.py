@@ -195,12 +195,20 @@ class Training:
 
 class Session:
     def __init__(self, out: Path, deadline: float) -> None:
-        self.out, self.deadline, self.lines = out, deadline, []
+        self.out, self.deadline, self.lines, self.race = out, deadline, [], []
 
     def say(self, line: str = "") -> None:
         print(line, flush=True)
         self.lines.append(line)
         atomic_write(self.out / "session.txt", "\n".join(self.lines) + "\n")  # a follower never reads half of it
+
+    def record(self, row: list) -> None:
+        """A row of race.csv, which is rewritten whole, as session.txt is."""
+        self.race.append(row)
+        text = io.StringIO()
+        header = ["model", "setting", "images_per_s", "first_epoch_s", "graphs_skipped", "device"]
+        csv.writer(text, lineterminator="\n").writerows([header, *self.race])
+        atomic_write(self.out / "race.csv", text.getvalue())
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -231,12 +239,8 @@ def measure(session: Session, model: str, variant: Variant, device: torch.device
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the runs, other processes, get the device's memory
-    race = session.out / "race.csv"
-    rows = race.read_text() if race.is_file() else "model,setting,images_per_s,first_epoch_s,graphs_skipped,device\n"
     figures = [round(rate.images_per_s, 1), round(rate.first_epoch_s, 2), rate.graphs_skipped] if rate else ["", "", ""]
-    line = io.StringIO()
-    csv.writer(line, lineterminator="\n").writerow([model, variant.name, *figures, device_name(device)])
-    atomic_write(race, rows + line.getvalue())  # a follower never reads half of it
+    session.record([model, variant.name, *figures, device_name(device)])
     if rate is not None:
         session.say(f"{model:10} {variant.name:26} {rate.images_per_s:10.0f} {rate.first_epoch_s:8.1f}"
                     f"{skipped(rate, device)}")  # fmt: skip
@@ -289,7 +293,6 @@ def train(
                 "first s: its untimed first epoch (compiling)")  # fmt: skip
     session.say(f"{'model':10} {'setting':26} {'images/s':>10} {'first s':>8}")
     first = pending[0].model
-    (session.out / "race.csv").unlink(missing_ok=True)  # a row for each model measured (measure)
     race = {variant: measure(session, first, variant, device, sizes) for variant in candidates(args.setting, device)}
     fine = {variant: rate for variant, rate in race.items() if rate is not None}
     if not fine:
