@@ -3,9 +3,11 @@ on one H100). Needs PyTorch with numpy, PyYAML and tqdm; pytest only for the tes
 
     python benchmarks/gpu_check.py OUT [--device cuda] [--quick] [--models lenet resnet18 ...] [--threads N]
                                        [--sections tests throughput methods concurrency profile tuning skip]
+                                       [--tests-k EXPR]
 
 Writes under the folder OUT, and prints:
-  cuda_tests.log   `pytest -m cuda tests/test_gpu.py` (skipped, saying why, without CUDA or without pytest)
+  cuda_tests.log   `pytest -m cuda -v tests/test_gpu.py` (or those --tests-k selects), each test's result written as
+                   it ends (skipped, saying why, without CUDA or without pytest)
   throughput.csv   training images per second per model (lenet, alexnet, vgg11, vgg16, resnet18, wrn16) at batch
                    128, eager and compiled (train.compile), fp32 and bf16 autocast (train.amp; "fp32" convolutions
                    run in TF32, PyTorch's default), and on CUDA compiled as CUDA graphs in bf16 (train.compile:
@@ -101,6 +103,7 @@ THROUGHPUT_SETTINGS = ((False, "off"), (False, "bf16"), (True, "off"), (True, "b
 SECTIONS = ("tests", "throughput", "methods", "concurrency", "profile", "tuning", "skip")
 DEFAULT_SECTIONS = SECTIONS[:4]  # profile, tuning and skip on request: they explain a rate rather than check one
 TESTS_TIMEOUT_S = 480  # the cuda tests, so that a hung test leaves time for the report
+CUDA_TESTS = "tests/test_gpu.py"
 WAIT_S = 300  # the longest a concurrency worker waits for the others, or the parent for a worker
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 PAYS_WITHIN = 0.95  # the smallest N whose aggregate throughput is within 5% of the best
@@ -263,27 +266,30 @@ class Report:
         return f"FAILED: {f'{type(error).__name__}: {first_line}'[:160]} (-> {self.out / 'errors.log'})"
 
 
-def cuda_tests(report: Report, device: torch.device) -> bool:
-    """Run the `cuda` tests; False only when they ran and failed."""
+def cuda_tests(report: Report, device: torch.device, select: str | None = None, tests: str = CUDA_TESTS) -> bool:
+    """Run the `cuda` tests (those `select` names, as pytest's -k); False only when they ran and failed. Each test's
+    result goes to cuda_tests.log as it ends, so that a command stopped midway (a lease's limit) keeps them."""
     if device.type != "cuda":
         report.say("cuda tests: skipped (the device is not CUDA)")
         return True
     if importlib.util.find_spec("pytest") is None:
         report.say("cuda tests: skipped: pytest is not installed (pip install pytest)")
         return True
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-v", "-p", "no:cacheprovider", tests]
+    command += ["-k", select] if select else []
     paths = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))  # uninstalled, too
-    try:
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                              env=os.environ | {"PYTHONPATH": paths}, timeout=TESTS_TIMEOUT_S)  # fmt: skip
-    except subprocess.TimeoutExpired as hung:
-        output = b"".join(part or b"" for part in (hung.stdout, hung.stderr))  # bytes here, even with text=True
-        (report.out / "cuda_tests.log").write_text(output.decode(errors="replace"))
-        report.say(f"cuda tests: FAILED: still running after {TESTS_TIMEOUT_S} s -> {report.out / 'cuda_tests.log'}")
-        return False
-    (report.out / "cuda_tests.log").write_text(done.stdout + done.stderr)
-    summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
-    report.say(f"cuda tests: {summary} -> {report.out / 'cuda_tests.log'}")
+    env = os.environ | {"PYTHONPATH": paths, "PYTHONUNBUFFERED": "1"}  # each line to the log as pytest prints it
+    log = report.out / "cuda_tests.log"
+    report.say(f"cuda tests: {' '.join(command[1:])} -> {log} (each test as it ends)")
+    with open(log, "w") as output:
+        try:
+            done = subprocess.run(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env,
+                                  timeout=TESTS_TIMEOUT_S)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            report.say(f"cuda tests: FAILED: still running after {TESTS_TIMEOUT_S} s -> {log}")
+            return False
+    summary = (log.read_text().strip().splitlines() or ["(no output)"])[-1]
+    report.say(f"cuda tests: {summary} -> {log}")
     return done.returncode == 0
 
 
@@ -564,6 +570,8 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
                         help="the parts to run (default: all but profile, tuning and skip)")  # fmt: skip
+    parser.add_argument("--tests-k", metavar="EXPR",
+                        help="of the cuda tests, those pytest's -k EXPR selects (e.g. infobatch)")  # fmt: skip
     args = parser.parse_args()
     try:
         device = torch.device(args.device)
@@ -580,7 +588,7 @@ def main() -> None:
     report = Report(args.out)
     report.say(f"gpu_check on {device_name(device)}: torch {torch.__version__}, CUDA {torch.version.cuda}")
     started = time.perf_counter()
-    passed = cuda_tests(report, device) if "tests" in args.sections else True
+    passed = cuda_tests(report, device, args.tests_k) if "tests" in args.sections else True
     sections = {
         "throughput": lambda: throughput(report, device, models, sizes),
         "methods": lambda: methods(report, device, sizes),

@@ -4,6 +4,8 @@ import dataclasses
 import importlib.util
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,20 +151,64 @@ def test_a_tuning_variant_is_the_runs_setting_with_its_train_settings_changed():
     assert gpu_check.Variant("as the runs").config(cfg) == cfg
 
 
-def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
+def cuda_test_file(folder: Path, body: str) -> Path:
+    """A test module of `cuda` tests with its own pytest.ini, the marker registered."""
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    cuda: needs a CUDA device\n")
+    tests = folder / "test_fake_gpu.py"
+    tests.write_text("import pytest\n\n" + textwrap.dedent(body))
+    return tests
+
+
+def test_each_cuda_tests_result_is_in_the_log_as_it_ends_so_a_check_stopped_midway_keeps_it(tmp_path):
+    """The second test passes only if the first one's result was already in the log while the tests ran."""
+    out, folder = tmp_path / "out", tmp_path / "tests"
+    out.mkdir(), folder.mkdir()
     gpu_check = load_gpu_check()
+    tests = cuda_test_file(
+        folder,
+        f"""
+        @pytest.mark.cuda
+        def test_first():
+            pass
 
-    def hang(command, **kwargs):  # what subprocess.run raises at its timeout: the output so far, as bytes
-        raise subprocess.TimeoutExpired(command, kwargs["timeout"], output=b"tests/test_gpu.py ..", stderr=b"stuck")
+        @pytest.mark.cuda
+        def test_second_sees_the_first_in_the_log():
+            assert "test_first PASSED" in open({str(out / "cuda_tests.log")!r}).read()
 
-    monkeypatch.setattr(gpu_check.subprocess, "run", hang)
-    report = gpu_check.Report(tmp_path)
-    assert gpu_check.cuda_tests(report, torch.device("cuda")) is False
-    assert (tmp_path / "cuda_tests.log").read_text() == "tests/test_gpu.py ..stuck"
-    assert (
-        f"cuda tests: FAILED: still running after {gpu_check.TESTS_TIMEOUT_S} s"
-        in (tmp_path / "gpu_check.txt").read_text()
+        def test_not_a_cuda_test():
+            raise AssertionError("deselected by -m cuda")
+        """,
     )
+    report = gpu_check.Report(out)
+    assert gpu_check.cuda_tests(report, torch.device("cuda"), tests=str(tests)) is True
+    assert "2 passed, 1 deselected" in (out / "gpu_check.txt").read_text()
+    assert gpu_check.cuda_tests(report, torch.device("cuda"), "second", tests=str(tests)) is False  # first not run
+    assert "1 failed, 2 deselected" in (out / "gpu_check.txt").read_text().splitlines()[-1]
+
+
+def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
+    out, folder = tmp_path / "out", tmp_path / "tests"
+    out.mkdir(), folder.mkdir()
+    gpu_check = load_gpu_check()
+    tests = cuda_test_file(
+        folder,
+        """
+        import time
+
+        @pytest.mark.cuda
+        def test_quick():
+            pass
+
+        @pytest.mark.cuda
+        def test_stuck():
+            time.sleep(600)
+        """,
+    )
+    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 10)
+    report = gpu_check.Report(out)
+    assert gpu_check.cuda_tests(report, torch.device("cuda"), tests=str(tests)) is False
+    assert "test_quick PASSED" in (out / "cuda_tests.log").read_text()
+    assert "cuda tests: FAILED: still running after 10 s" in (out / "gpu_check.txt").read_text()
 
 
 def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path, monkeypatch):
