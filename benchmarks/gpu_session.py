@@ -84,9 +84,10 @@ EVALUATION = 1.1  # an epoch's evaluation (the test split, forward only) on top 
 # after every epoch, written while the next epoch trains (wall_time_s - train_time_s - eval_time_s of the two H100
 # runs that wrote them so, the WUS and WUS+LR ResNet-18 entries: 29.6 and 29.9 s; 54-56 s written in line).
 START_S = 35
-# A run's first epoch against the race's: 40.9 s in a new process (beside a second run compiling) against 21.5 s for
-# the race's first epoch of the same graphs, on an H100
-FIRST_EPOCH = 2.0
+# A run's first epoch against the race's first epoch of the same graphs, on an H100: beside a second run compiling,
+# 40.9 against 21.5 s; alone, the inductor cache warm from the race, 10.4-12.4 against 18.1-27.1 s (0.44-0.69, the
+# VGG-11 and VGG-16 entries' history.csv against their leases' race.csv)
+FIRST_EPOCH = {"alone": 1.0, "at once": 2.0}
 STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
 MEASURE_S = 60  # measuring a model: it is measured only if this and a run at the fastest rate measured yet fit
 PACE_EPOCHS = 3  # spans between epochs seen, after its first epoch, that give a run's own pace (then its estimate)
@@ -257,7 +258,8 @@ def settings(variant: Variant, device: torch.device) -> list[str]:
 
 def estimate_s(epochs: int, train_size: int, rate: Rate, at_once: int) -> float:
     """A run's seconds, every epoch full, at its model's rate shared by `at_once` runs."""
-    return START_S + FIRST_EPOCH * rate.first_epoch_s + epochs * train_size * at_once / rate.images_per_s * EVALUATION
+    first_epoch = FIRST_EPOCH["alone" if at_once == 1 else "at once"] * rate.first_epoch_s
+    return START_S + first_epoch + epochs * train_size * at_once / rate.images_per_s * EVALUATION
 
 
 def pack(session: Session, started: list[Spec]) -> int:

@@ -379,3 +379,15 @@ def test_a_new_session_is_refused_while_a_detached_one_still_runs(tmp_path, monk
         assert (tmp_path / "gpu-session/detached.json").is_file()  # --collect still finds it
     finally:
         running.kill()
+
+
+def test_a_run_alone_counts_the_races_first_epoch_once_and_beside_others_twice():
+    """On an H100 a run alone compiled its first epoch in 0.44-0.69 of the race's time (the inductor cache warm from
+    the race), one beside a second run compiling in 1.9 of it: VGG-16 at the sixth lease's race, 36,756 images/s and
+    18.1 s, estimated 352 s alone (347 s of wall time) and 370 s were it counted twice."""
+    gpu_session = load_gpu_session()
+    rate = gpu_session.Rate(36756.0, 18.1, 0, ())
+    alone, beside_one = gpu_session.estimate_s(200, 50000, rate, 1), gpu_session.estimate_s(200, 50000, rate, 2)
+    epochs = 200 * 50000 / 36756.0 * gpu_session.EVALUATION
+    assert alone == pytest.approx(gpu_session.START_S + 18.1 + epochs) == pytest.approx(352.4, abs=0.1)
+    assert beside_one == pytest.approx(gpu_session.START_S + 2 * 18.1 + 2 * epochs)
