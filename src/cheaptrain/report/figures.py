@@ -306,14 +306,15 @@ def claims_figure(points: list[dict[str, Any]], title: str) -> Figure:
             xerr = None if p["lo"] is None else [[p["ours"] - p["lo"]], [p["hi"] - p["ours"]]]
             ax.errorbar(p["ours"], y, xerr=xerr, marker="o", ms=6, color=p["color"], capsize=3, lw=1.6,
                         label=p["verdict"])  # fmt: skip
-        handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles, strict=True))  # one entry per label
-        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="best")
         ax.set_yticks(range(len(shown)), [p["label"] for p in shown], fontsize=9)
         ax.set_ylim(-0.7, len(shown) - 0.3)
         ax.set_title(name)
         ax.grid(alpha=0.3, axis="x")
     fig.supxlabel("ours (dot: 95% interval; ±1 sd with 2 seeds) and the paper's (star)", fontsize=10)
+    # one legend for every panel, right of the last: inside a panel it hid the dots at its edge
+    unique = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    last = axes[len(panels) - 1]
+    last.legend(unique.values(), unique.keys(), loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=9)
     return fig
 
 
