@@ -580,6 +580,17 @@ def test_the_cost_figure_draws_one_line_per_method_through_its_budgets_and_the_p
     assert "No method with a compute saving" in empty.texts[0].get_text()
 
 
+def test_the_cost_figures_legend_is_one_a_row_beside_its_panels_and_hides_no_point():
+    fig = cost_figure(COST_ROWS, IMPLEMENTS)
+    fig.draw_without_rendering()
+    compute_ax, time_ax = [a for a in fig.axes if a.get_visible()]
+    assert compute_ax.get_legend() is None
+    legend = time_ax.get_legend()
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == ["baseline", "dfp", "random_prune", "infobatch", "paper: dfp"]  # the row's, each once
+    assert not any(legend.get_window_extent().overlaps(ax.get_window_extent()) for ax in (compute_ax, time_ax))
+
+
 def test_a_named_configuration_is_drawn_as_the_method_it_implements(tmp_path):
     """run.json's config.method_args `method` names the implementation; a run without it implements its own name."""
     params = synthetic_grid(tmp_path, seeds=(0, 1, 2))

@@ -284,8 +284,14 @@ def cost_figure(
                         mec=_color(p["implementation"]), label=f"paper: {p['method']}")  # fmt: skip
             ax.set(title=f"{key[0]} study · {key[1]} · {key[2]}", xlabel=xlabel, ylabel="accuracy Δ (points)")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+        _legend_beside(axes[2 * i : 2 * i + 2])
     return fig
+
+
+def _legend_beside(row: list) -> None:
+    """One legend for a row of panels, right of its last, outside every panel: inside one it hides points."""
+    unique = {label: handle for ax in row for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    row[-1].legend(unique.values(), unique.keys(), loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
 
 
 def claims_figure(points: list[dict[str, Any]], title: str) -> Figure:
@@ -311,10 +317,7 @@ def claims_figure(points: list[dict[str, Any]], title: str) -> Figure:
         ax.set_title(name)
         ax.grid(alpha=0.3, axis="x")
     fig.supxlabel("ours (dot: 95% interval; ±1 sd with 2 seeds) and the paper's (star)", fontsize=10)
-    # one legend for every panel, right of the last: inside a panel it hid the dots at its edge
-    unique = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
-    last = axes[len(panels) - 1]
-    last.legend(unique.values(), unique.keys(), loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=9)
+    _legend_beside(axes[: len(panels)])
     return fig
 
 
