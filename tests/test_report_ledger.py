@@ -486,8 +486,8 @@ def test_the_claims_figure_says_so_when_no_claim_has_run():
 
 
 def test_the_claims_figures_one_legend_lies_beside_the_panels_and_hides_no_dot():
-    """A dot at a panel's top right corner (VGG-11's WUS reduction, 79.0 against 74) was once hidden by the panel's
-    own legend: the legend, one for all panels, now lies outside every panel, each label once."""
+    """A dot at a panel's top right corner (as VGG-11's WUS reduction, 79.0 against 74) stays in sight: the legend,
+    one for all panels, lies outside every panel, each label once."""
     from cheaptrain.report.figures import claims_figure
 
     def point(panel: str, label: str, ours: float, paper: float, verdict: str, color: str) -> dict:
