@@ -22,7 +22,7 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
    outside its epochs (START_S, FIRST_EPOCH), and if every run training now still does (at its own pace, once it has
    one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100 two ResNet-18
    runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time left, the
-   newest run is stopped, so that the device serves the older ones;
+   newest run is stopped, so that the device serves the older ones (a run alone goes on);
 4. pack, into OUT: ledger.tar.gz (the entries of the runs that ended: `tar xzf` it in the repository, then commit
    the entries), logs.tar.gz (each run's log), race.csv, session.txt (everything printed).
 Runs still training at the deadline go on, detached, as long as the machine stays: `--collect` waits for them (up to
@@ -43,9 +43,11 @@ STARTED = time.monotonic()
 import argparse
 import contextlib
 import csv
+import gc
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -144,6 +146,7 @@ class Training:
     seen: list[tuple[float, int]] = field(default_factory=list)  # (time, epoch) at each new epoch seen
     since: int = 1  # the epoch its pace counts from: not before its first, which compiles
     stopped: bool = False
+    exited: bool = False  # its process's end said in the session's lines
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -151,15 +154,26 @@ class Training:
         return alive(self.pid)
 
     def epoch(self) -> int:
-        """The last epoch its log reports (the train stage writes a line per epoch where no progress bar shows)."""
+        """The last epoch its log reports (the train stage writes a line per epoch where no progress bar shows), never
+        less than one seen before: a burst of warnings can push every epoch line out of the log's tail."""
+        known = self.seen[-1][1] if self.seen else 0
+        found = re.findall(r": epoch (\d+)/\d+ ", self.tail())
+        return max(known, int(found[-1])) if found else known
+
+    def tail(self) -> str:
+        """The last 4 KB of its log ("" if it has none)."""
         try:
             with open(self.spec.log, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-                tail = f.read().decode(errors="replace")
+                return f.read().decode(errors="replace")
         except OSError:
-            return 0
-        found = re.findall(r": epoch (\d+)/\d+ ", tail)
-        return int(found[-1]) if found else 0
+            return ""
+
+    def last_line(self) -> str:
+        """Its log's last non-empty line, a progress bar's updates split at carriage returns: why it failed, if it
+        did."""
+        lines = [line.strip() for line in re.split(r"[\r\n]", self.tail()) if line.strip()]
+        return lines[-1][:300] if lines else "(its log is empty)"
 
     def observe(self, now: float) -> None:
         epoch = self.epoch()
@@ -231,13 +245,14 @@ def prepare_data(session: Session, archive: Path | None) -> None:
 
 def measure(session: Session, model: str, variant: Variant, device: torch.device, sizes: Sizes) -> Rate | None:
     """`model`'s steady training rate in `variant` (None if it failed: the reason printed), a row of race.csv."""
-    torch._dynamo.reset()
     rate = None
     try:
         rate = steady_rate(runs_config(model, device, sizes.batch), sizes, variant)
     except Exception as error:  # the next candidate still runs
         session.say(f"{model:10} {variant.name:26} FAILED: {type(error).__name__}: {str(error).strip()[:200]}")
     finally:
+        torch._dynamo.reset()  # its compiled graphs and CUDA graph pools: their memory goes to the runs
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the runs, other processes, get the device's memory
     figures = [round(rate.images_per_s, 1), round(rate.first_epoch_s, 2), rate.graphs_skipped] if rate else ["", "", ""]
@@ -311,6 +326,7 @@ def train(
         active = [run for run in runs if not run.stopped and run.alive()]
         for run in active:
             run.observe(now)
+        say_exited(session, runs)
         stop = to_stop(active, now, session.left())
         if stop:
             newest, late = stop
@@ -327,6 +343,8 @@ def train(
         for spec in list(queue):
             if len(active) >= args.parallel:
                 break
+            if spec not in queue:
+                continue  # dropped with its model, whose measurement failed
             cfg = configs[spec]
             epochs, size = cfg.recipe.epochs, train_size(cfg.data_root, cfg.dataset)
             if spec.model not in rates:
@@ -337,7 +355,11 @@ def train(
                     continue  # it would not end in time at the fastest rate measured: not worth measuring
                 rate = measure(session, spec.model, best, device, sizes)
                 if rate is None:
-                    queue.remove(spec)
+                    dropped = [other for other in queue if other.model == spec.model]
+                    for other in dropped:
+                        queue.remove(other)
+                    session.say(f"{spec.model}: its measurement failed: not trained "
+                                f"({', '.join(other.name for other in dropped)})")  # fmt: skip
                     continue
                 rates[spec.model] = rate
             at_once = len(active) + 1  # sharing the device with the runs training now
@@ -375,7 +397,10 @@ def can_start(need_s: float, active: list[Training], now: float, time_left: floa
 
 def to_stop(active: list[Training], now: float, time_left: float) -> tuple[Training, Training] | None:
     """(the run to stop, the run that is late) when a run is late: the newest goes, the last in order and the one
-    whose start may have slowed the others."""
+    whose start may have slowed the others. A run alone goes on: stopping it frees the device for none, and a run
+    past the deadline goes on for --collect."""
+    if len(active) < 2:
+        return None
     late = next((run for run in active if run.late(now, time_left)), None)
     return (active[-1], late) if late else None
 
@@ -392,6 +417,14 @@ def start(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     session.say(f"{spec.name}: started, about {need:.0f} s ({session.left():.0f} s left), log {spec.log}")
     return Training(spec, epochs, need, process, process.pid)
+
+
+def say_exited(session: Session, runs: list[Training]) -> None:
+    """For each run whose process has ended without its entry, and not stopped, its log's last line, once."""
+    for run in runs:
+        if not run.exited and not run.stopped and not run.alive() and not run.spec.done():
+            run.exited = True
+            session.say(f"{run.spec.name}: exited without its entry; its log ends: {run.last_line()}")
 
 
 def write_state(runs: list[Training]) -> None:
@@ -417,9 +450,11 @@ def collect(session: Session) -> None:
                      stopped=item.get("stopped", False)) for item in json.loads(path.read_text())]  # fmt: skip
     packed = pack(session, [run.spec for run in runs])
     # a run with its entry has ended, though its process may linger as a zombie where nothing reaps orphans
+    say_exited(session, runs)
     while any(run.alive() and not run.spec.done() for run in runs) and session.left() > 0:
         time.sleep(POLL_S)
         packed = pack_new(session, runs, packed)
+        say_exited(session, runs)
     report(session, runs)
 
 
@@ -443,8 +478,9 @@ def detach(session: Session, args: argparse.Namespace) -> int:
     minutes_left = args.minutes - (time.monotonic() - STARTED) / 60
     command = [sys.executable, str(work / "repo/benchmarks/gpu_session.py"), str(work / "out"),
                "--minutes", f"{minutes_left:.3f}", "--runs", *[spec.text for spec in args.runs],
-               "--parallel", str(args.parallel), "--setting", args.setting, "--cifar10", str(args.cifar10),
-               "--params", args.params, "--device", args.device, *(["--quick"] if args.quick else [])]  # fmt: skip
+               "--parallel", str(args.parallel), "--setting", args.setting,
+               "--cifar10", in_copy(args.cifar10, work / "repo"), "--params", in_copy(Path(args.params), work / "repo"),
+               "--device", args.device, *(["--quick"] if args.quick else [])]  # fmt: skip
     with open(work / "session.log", "w") as log:
         process = subprocess.Popen(command, cwd=work / "repo", stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)  # fmt: skip
@@ -456,6 +492,23 @@ def detach(session: Session, args: argparse.Namespace) -> int:
         session.say(f"returning: the session goes on in {work} (pid {process.pid}); --collect waits for it")
         return 0
     return process.returncode
+
+
+def in_copy(path: Path, repo: Path) -> str:
+    """`path` for the session that runs in `repo`, a copy of the checkout: the copy's file where it lies in the
+    checkout (the next command's copy of the working tree cannot touch it), else absolute."""
+    path, checkout = path.resolve(), Path.cwd().resolve()
+    return str(repo / path.relative_to(checkout) if path.is_relative_to(checkout) else path)
+
+
+def still_training(states: list[Path]) -> list[str]:
+    """The runs listed in these state.json files whose processes still run, each as 'NAME (pid N)'."""
+    found = []
+    for path in dict.fromkeys(states):
+        if path.is_file():
+            items = json.loads(path.read_text())
+            found += [f"{parse_run(i['run']).name} (pid {i['pid']})" for i in items if alive(i["pid"])]
+    return found
 
 
 def follow(session: Session, work: Path, going: Callable[[], bool]) -> None:
@@ -511,13 +564,21 @@ def main() -> None:
     args = parser.parse_args()
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
+    if not (math.isfinite(args.minutes) and args.minutes > 0):
+        parser.error(f"--minutes {args.minutes}: a number of minutes more than 0")
     if args.return_after is not None and (args.collect or not 0 < args.return_after < args.minutes):
         parser.error("--return-after: more than 0 and less than --minutes, and not with --collect")
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device}: not a device name (accepted: cuda, cuda:N, cpu)")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
     args.out = args.out.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file of that name, or one above it
+        parser.error(f"OUT {args.out}: not a folder ({error.strerror})")
     session = Session(args.out, STARTED + 60 * args.minutes)
     session.say(f"gpu_session on {device_name(device)}: torch {torch.__version__}, {args.minutes:g} minutes")
     try:
@@ -526,11 +587,21 @@ def main() -> None:
                 detached = json.loads(DETACHED.read_text())
                 work = Path(detached["workdir"])
                 follow(session, work, lambda: alive(detached["pid"]) and session.left() > 0)
+                ended = not alive(detached["pid"]) and (work / "session.log").is_file()
+                if ended and not (work / "repo" / STATE / "state.json").is_file():
+                    raise UserError(f"the session in {work} ended before it started runs (it failed, or had nothing "
+                                    f"to train): what it printed is in {session.out / 'detached.log'}")  # fmt: skip
                 os.chdir(work / "repo")
             collect(session)
             return
         if DETACHED.is_file() and alive(pid := json.loads(DETACHED.read_text())["pid"]):  # its runs have the device
             raise UserError(f"the session started earlier (pid {pid}) still runs: --collect waits for it")
+        # an earlier session's runs, here or in a copy under a --workdir (which --return-after empties), have the device
+        workdirs = [Path(json.loads(DETACHED.read_text())["workdir"])] if DETACHED.is_file() else []
+        workdirs += [args.workdir.resolve()] if args.return_after is not None else []
+        if running := still_training([STATE / "state.json", *(w / "repo" / STATE / "state.json" for w in workdirs)]):
+            raise UserError(f"runs of an earlier session still train: {', '.join(running)}: --collect waits for them, "
+                            "or `kill -- -PID` stops one (its process group)")  # fmt: skip
         DETACHED.unlink(missing_ok=True)  # this session trains here
         if args.return_after is not None:
             sys.exit(detach(session, args))

@@ -1,6 +1,7 @@
 """benchmarks/gpu_session.py on the CPU (--device cpu --quick): the race, the runs that fit trained into the ledger
 through the train stage, the rest left unstarted, and what comes back packed."""
 
+import argparse
 import importlib.util
 import json
 import shutil
@@ -9,6 +10,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -313,7 +315,34 @@ def test_when_a_run_falls_behind_the_newest_run_is_stopped(tmp_path, monkeypatch
     now = start + 20
     assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.2) is None  # within 1.25x the time left
     assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.3) == (newer, older)  # the older is late
-    assert gpu_session.to_stop([older], now, time_left=196 * 2.0 / 1.3) == (older, older)  # alone, it goes itself
+
+
+def test_a_late_run_alone_goes_on(tmp_path, monkeypatch):
+    """Stopping it frees the device for no other run; past the deadline it goes on for --collect."""
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    run = gpu_session.Training(gpu_session.parse_run("wus:vgg11:baseline"), 200, 300.0, None, pid=1, started=start)
+    for n in range(1, 5):
+        log_epoch(run, n, start + 10 + 2.0 * n)
+    assert run.late(start + 20, time_left=196 * 2.0 / 1.3)
+    assert gpu_session.to_stop([run], start + 20, time_left=196 * 2.0 / 1.3) is None
+
+
+def test_a_log_without_an_epoch_line_in_its_tail_keeps_the_last_epoch_seen(tmp_path, monkeypatch):
+    """A burst of warnings pushes the epoch lines out of the 4 KB the session reads: the run is where it was, not at
+    epoch 0 with every epoch to go (which would make it late)."""
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    run = gpu_session.Training(gpu_session.parse_run("wus:vgg11:baseline"), 200, 300.0, None, pid=1, started=start)
+    for n in range(1, 5):
+        log_epoch(run, n, start + 10 + 1.0 * n)
+    with open(run.spec.log, "a") as log:
+        log.write("W1127 torch/_dynamo/convert_frame.py: recompiling\n" * 200)  # 10 KB
+    assert run.epoch() == 4
+    assert run.left_s(start + 15) == pytest.approx(196 * 1.0)
+    assert not run.late(start + 15, time_left=196 * 1.0)
 
 
 def test_the_race_measures_every_setting_on_a_gpu_and_a_named_setting_alone():
@@ -391,3 +420,162 @@ def test_a_run_alone_counts_the_races_first_epoch_once_and_beside_others_twice()
     epochs = 200 * 50000 / 36756.0 * gpu_session.EVALUATION
     assert alone == pytest.approx(gpu_session.START_S + 18.1 + epochs) == pytest.approx(352.4, abs=0.1)
     assert beside_one == pytest.approx(gpu_session.START_S + 2 * 18.1 + 2 * epochs)
+
+
+def test_a_new_session_is_refused_while_runs_of_an_earlier_one_still_train(tmp_path, monkeypatch, capsys):
+    """Its runs, here or in a detached session's copy, still have the device: a new session would train the same runs
+    again beside them, and --return-after would empty the copy they train in."""
+    monkeypatch.chdir(tmp_path)
+    running = subprocess.Popen(["sleep", "600"])
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    state = json.dumps([{"run": "dfp:lenet:baseline:0", "pid": running.pid, "epochs": 2, "estimate_s": 60}])
+    named = f"dfp/cifar10-lenet-baseline-s0 (pid {running.pid})"
+    try:
+        (tmp_path / "gpu-session").mkdir()
+        (tmp_path / "gpu-session/state.json").write_text(state)  # a session of this command's kind
+        assert exit_code(monkeypatch, "--minutes", "9") == 1
+        assert named in (out := capsys.readouterr().out) and "--collect waits for them" in out
+        (tmp_path / "gpu-session/state.json").unlink()
+        for work in (tmp_path / "w", tmp_path / "w2"):
+            (work / "repo/gpu-session").mkdir(parents=True)
+            (work / "repo/gpu-session/state.json").write_text(state)
+            (work / "session.log").write_text("")
+        # a detached session that has ended, its runs going on in its copy
+        (tmp_path / "gpu-session/detached.json").write_text(json.dumps({"workdir": str(tmp_path / "w"),
+                                                                         "pid": ended.pid}))  # fmt: skip
+        assert exit_code(monkeypatch, "--minutes", "9") == 1
+        assert named in capsys.readouterr().out
+        (tmp_path / "gpu-session/detached.json").unlink()
+        # --return-after would empty the copy under its --workdir
+        assert exit_code(monkeypatch, "--minutes", "9", "--return-after", "1", "--workdir", "w2") == 1
+        assert named in capsys.readouterr().out
+        assert (tmp_path / "w2/repo/gpu-session/state.json").is_file()
+    finally:
+        running.kill()
+
+
+def test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy(repo, tmp_path, tmp_path_factory):
+    """The session runs in a copy of the checkout: a relative --params or --cifar10 outside it still names its file,
+    and the defaults name the copy's own (`carry/` and params.yaml, copied with the checkout)."""
+    for folder in ("benchmarks", "stages", "src"):
+        (repo / folder).symlink_to(REPO / folder)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["grid"]["dfp"]["methods"].append("dfp_p50")  # a mistake the session finds in its first seconds
+    (elsewhere / "params.yaml").write_text(yaml.safe_dump(params))
+    (elsewhere / "cifar10.tar.gz").write_text("not an archive")
+    work = ["--workdir", str(tmp_path / "w"), "--return-after", "5"]
+    relative = Path("..") / elsewhere.name
+    started = session(repo, "--params", str(relative / "params.yaml"), *work)
+    assert started.returncode == 1 and "methods.dfp_p50" in started.stdout, started.stdout + started.stderr
+    shutil.rmtree(repo / "data")  # so the session prepares CIFAR-10, from the archive named
+    started = session(repo, "--cifar10", str(relative / "cifar10.tar.gz"), *work)
+    assert started.returncode == 1 and "error: preparing CIFAR-10 failed" in started.stdout, started.stdout
+
+    gpu_session = load_gpu_session()
+    copy = tmp_path / "w/repo"
+    assert gpu_session.in_copy(Path("carry/cifar10-jpg.tar.gz"), copy) == str(copy / "carry/cifar10-jpg.tar.gz")
+    assert gpu_session.in_copy(Path("params.yaml"), copy) == str(copy / "params.yaml")
+
+
+def train_stubbed(gpu_session, tmp_path, monkeypatch, runs: list[str], failing: set[str], entry: bool) -> list[str]:
+    """The session's lines from train() over `runs` with the measurements and the runs stubbed: a model in `failing`
+    fails its measurement, and each run's process ends at once, with its entry if `entry`, else with an error
+    logged; the models measured are appended to the lines as 'measured MODEL'."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(gpu_session, "POLL_S", 0)
+    monkeypatch.setattr(gpu_session, "train_size", lambda root, dataset: 1000)
+    measured = []
+
+    def measure(session, model, variant, device, sizes):
+        measured.append(f"measured {model}")
+        return None if model in failing else gpu_session.Rate(1e6, 0.1, 0, ())
+
+    def start(session, args, spec, epochs, need, overrides):
+        spec.log.parent.mkdir(exist_ok=True)
+        spec.log.write_text(f"{spec.name}: epoch 1/2 · train loss 1.0\nRuntimeError: CUDA out of memory\n\n")
+        if entry:
+            spec.entry.mkdir(parents=True)
+            (spec.entry / "metrics.json").write_text("{}")
+        process = subprocess.Popen(["true"])
+        process.wait()
+        return gpu_session.Training(spec, epochs, need, process, process.pid)
+
+    monkeypatch.setattr(gpu_session, "measure", measure)
+    monkeypatch.setattr(gpu_session, "start", start)
+    (tmp_path / "out").mkdir()
+    session = gpu_session.Session(tmp_path / "out", time.monotonic() + 600)
+    cfg = SimpleNamespace(recipe=SimpleNamespace(epochs=2), data_root=None, dataset="cifar10")
+    configs = {gpu_session.parse_run(run): cfg for run in runs}
+    args = argparse.Namespace(setting="race", parallel=1)
+    gpu_session.train(session, args, configs, torch.device("cpu"), gpu_session.QUICK)
+    return session.lines + measured
+
+
+def test_a_model_whose_measurement_failed_trains_none_of_its_runs(tmp_path, monkeypatch):
+    gpu_session = load_gpu_session()
+    runs = ["dfp:lenet:baseline", "dfp:alexnet:baseline", "dfp:alexnet:dfp", "dfp:lenet:dfp"]
+    lines = train_stubbed(gpu_session, tmp_path, monkeypatch, runs, failing={"alexnet"}, entry=True)
+    assert [line for line in lines if line.startswith("measured")] == ["measured lenet", "measured alexnet"]
+    dropped = "dfp/cifar10-alexnet-baseline-s0, dfp/cifar10-alexnet-dfp-s0"
+    assert f"alexnet: its measurement failed: not trained ({dropped})" in lines
+    assert not any("alexnet" in line and "not started" in line for line in lines)
+    assert "dfp/cifar10-lenet-dfp-s0: ended at epoch 1/2" in lines  # the next model's runs still train
+
+
+def test_a_run_that_exits_without_its_entry_says_why(tmp_path, monkeypatch):
+    """Its log's last line, said as its process ends, in train() and in --collect."""
+    gpu_session = load_gpu_session()
+    lines = train_stubbed(gpu_session, tmp_path, monkeypatch, ["dfp:lenet:baseline"], failing=set(), entry=False)
+    why = "dfp/cifar10-lenet-baseline-s0: exited without its entry; its log ends: RuntimeError: CUDA out of memory"
+    assert lines.count(why) == 1
+    collect = gpu_session.Session(tmp_path / "out", time.monotonic() + 60)
+    gpu_session.collect(collect)  # from the state.json train() wrote
+    assert why in collect.lines and "dfp/cifar10-lenet-baseline-s0: failed at epoch 1/2" in collect.lines
+
+
+def test_measuring_releases_the_compiled_graphs_for_the_runs(tmp_path, monkeypatch):
+    """The last setting raced keeps no compiled graphs or CUDA graph pools in the session while the runs train."""
+    gpu_session = load_gpu_session()
+    calls = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("reset"))
+    for outcome in (gpu_session.Rate(100.0, 1.0, 0, ()), RuntimeError("compile failed")):
+
+        def steady_rate(cfg, sizes, variant, outcome=outcome):
+            calls.append("measured")
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        monkeypatch.setattr(gpu_session, "steady_rate", steady_rate)
+        calls.clear()
+        session = gpu_session.Session(tmp_path, time.monotonic() + 60)
+        gpu_session.measure(session, "lenet", gpu_session.CANDIDATES["eager"], torch.device("cpu"), gpu_session.QUICK)
+        assert calls[-1] == "reset", outcome
+
+
+def test_bad_arguments_are_usage_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    minutes = [(["--minutes", value], "--minutes") for value in ("0", "-1", "nan", "inf")]
+    for args, named in [*minutes, (["--return-after", "nan"], "--return-after"), (["--device", "foo"], "--device foo")]:
+        assert exit_code(monkeypatch, *args) == 2, args
+        assert named in capsys.readouterr().err, args
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").write_text("a file")
+    assert exit_code(monkeypatch, "--minutes", "9") == 2
+    assert "not a folder" in capsys.readouterr().err
+
+
+def test_collect_after_a_detached_session_that_started_no_runs_points_to_what_it_printed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (tmp_path / "w/repo").mkdir(parents=True)
+    (tmp_path / "w/session.log").write_text("Traceback (most recent call last):\nOSError: no space left\n")
+    (tmp_path / "gpu-session").mkdir()
+    (tmp_path / "gpu-session/detached.json").write_text(json.dumps({"workdir": str(tmp_path / "w"), "pid": ended.pid}))
+    assert exit_code(monkeypatch, "--collect", "--minutes", "1") == 1
+    out = capsys.readouterr().out
+    assert "ended before it started runs" in out and str(tmp_path / "out/detached.log") in out
+    assert "OSError: no space left" in (tmp_path / "out/detached.log").read_text()
