@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -172,6 +174,100 @@ def test_a_broken_entry_is_a_clear_error(repo):
     (repo / "ledger/dfp/cifar10-lenet-baseline-s7/metrics.json").unlink()
     with pytest.raises(UserError, match=r"missing metrics\.json; an entry holds run\.json, metrics\.json"):
         ledger.entries()
+
+
+def test_an_import_stopped_part_way_is_done_again_and_the_part_marked_failed(repo, monkeypatch):
+    from mlflow import MlflowClient
+
+    train_run(config(), track=False)
+    (entry,) = ledger.entries()
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(MlflowClient, "log_artifact", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            ledger.import_entry(entry)
+    run_id, imported = ledger.import_entry(entry)
+    assert imported and ledger.import_entry(entry) == (run_id, False)
+    statuses = {run.info.run_id: run.info.status for run in mlflow_runs("cifar10-lenet-baseline-s7")}
+    assert statuses.pop(run_id) == "FINISHED" and list(statuses.values()) == ["FAILED"]
+
+
+def test_a_failed_record_leaves_no_staging_folder(repo, monkeypatch):
+    train_run(config(), track=False)
+    copy = shutil.copy2
+
+    def disk_full(source, target):
+        if Path(target).name == "history.csv":
+            raise OSError(28, "No space left on device")
+        return copy(source, target)
+
+    monkeypatch.setattr(shutil, "copy2", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        ledger.record(config().out_dir, config(), None)
+    assert [p.name for p in (repo / "ledger/dfp").iterdir()] == ["cifar10-lenet-baseline-s7"]
+
+
+def test_a_staging_folder_left_by_a_killed_record_is_not_an_entry(repo):
+    train_run(config(), track=False)
+    shutil.copytree(repo / "ledger/dfp/cifar10-lenet-baseline-s7", repo / "ledger/dfp/.cifar10-lenet-baseline-s7.0a1b")
+    assert [entry.name for entry in ledger.entries()] == ["cifar10-lenet-baseline-s7"]
+
+
+def test_an_entry_has_the_permissions_the_umask_gives(repo):
+    train_run(config(), track=False)
+    umask = os.umask(0o027)
+    try:
+        path = ledger.record(config().out_dir, config(), None)
+    finally:
+        os.umask(umask)
+    assert path is not None and path.stat().st_mode & 0o777 == 0o750
+
+
+def test_an_entry_is_reused_on_a_machine_without_mlflow(repo, monkeypatch, capsys):
+    final = train_run(config(), track=False)
+    for name in ["mlflow", *[name for name in sys.modules if name.startswith("mlflow.")]]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing MLflow fails, as where PyTorch alone is installed
+    assert train_run(config()) == final
+    assert "MLflow is not installed: the ledger entry is not imported" in capsys.readouterr().err
+    assert not (repo / "mlflow.db").exists()
+
+
+def test_a_failure_after_training_marks_the_mlflow_run_failed_and_the_rerun_finishes_it(repo, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ledger, "record", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            train_run(config())
+    (run,) = mlflow_runs("cifar10-lenet-baseline-s7")
+    assert run.info.status == "FAILED"
+    train_run(config())  # resumes after the last epoch and records
+    (run,) = mlflow_runs("cifar10-lenet-baseline-s7")
+    assert run.info.status == "FINISHED" and ledger.entries()[0].info["mlflow_run_id"] == run.info.run_id
+
+
+@pytest.mark.parametrize(
+    ("file", "change", "problem"),
+    [
+        ("metrics.json", lambda m: list(m), "metrics.json is not a mapping"),
+        ("metrics.json", lambda m: m | {"final_acc": "73.8"}, "metrics.json final_acc is not a number"),
+        ("run.json", lambda i: i | {"config": "dfp"}, "run.json config is not a mapping"),
+        ("run.json", lambda i: i | {"config": {}}, "run.json config lacks study or it is not a string"),
+        ("run.json", lambda i: i | {"config": i["config"] | {"study": ["dfp"]}}, "config lacks study or it is not"),
+        ("run.json", lambda i: i | {"name": 7}, "run.json name is not a string"),
+    ],
+)
+@pytest.mark.parametrize("command", ["list", "index", "import"])
+def test_a_malformed_entry_is_a_clear_error_naming_it(repo, file, change, problem, command):
+    train_run(config(), track=False)
+    path = repo / "ledger/dfp/cifar10-lenet-baseline-s7"
+    (path / file).write_text(json.dumps(change(json.loads((path / file).read_text()))))
+    with pytest.raises(UserError, match=rf"ledger entry {path}: .*{re.escape(problem)}"):
+        ledger.main([command])
 
 
 def test_load_split_reads_the_prepared_data(repo):  # the data the entries' digest is of

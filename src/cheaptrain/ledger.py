@@ -32,7 +32,7 @@ import hashlib
 import json
 import shutil
 import sys
-import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,13 +90,37 @@ def read_entry(path: Path) -> Entry:
         raise UserError(f"ledger entry {path}: unreadable ({e}); restore it from git") from e
     if not isinstance(info, dict) or "config" not in info or "name" not in info or not history:
         raise UserError(f"ledger entry {path}: run.json lacks its config or name, or history.csv is empty")
+    if problems := entry_problems(info, metrics):
+        raise UserError(f"ledger entry {path}: {'; '.join(problems)}; restore it from git")
     return Entry(path, info, metrics, history)
 
 
+def entry_problems(info: dict[str, Any], metrics: Any) -> list[str]:
+    """What in an entry's run.json and metrics.json is not of the type the ledger's commands read."""
+    problems = [] if isinstance(info["name"], str) else ["run.json name is not a string"]
+    config = info["config"]
+    if not isinstance(config, dict):
+        problems.append("run.json config is not a mapping")
+    else:
+        problems += [
+            f"run.json config lacks {key} or it is not a string"
+            for key in ("study", "dataset", "model", "method")
+            if not isinstance(config.get(key), str)
+        ]
+    if not isinstance(metrics, dict):
+        return [*problems, "metrics.json is not a mapping"]
+    return problems + [
+        f"metrics.json {key} is not a number"
+        for key, value in metrics.items()
+        if isinstance(value, bool) or not isinstance(value, int | float)
+    ]
+
+
 def entries(root: Path | None = None) -> list[Entry]:
-    """Every entry of the ledger, by study and name."""
+    """Every entry of the ledger, by study and name; dot-names (a write's staging folder) are not entries."""
     root = root or ledger_root()
-    return [read_entry(p.parent) for p in sorted(root.glob("*/*/run.json"))]
+    found = sorted(root.glob("*/*/run.json"))
+    return [read_entry(p.parent) for p in found if not p.parent.name.startswith(".")]
 
 
 def entry_path(cfg: RunConfig) -> Path:
@@ -157,14 +181,19 @@ def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path | None:
         return None
     path = entry_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-    for name in FILES:
-        shutil.copy2(out_dir / name, staging / name)
-    with _lock():
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)  # whole or absent: never a half-written entry
-        write_index()
+    staging = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}"
+    staging.mkdir()  # the umask's permissions, which the entry keeps (mkdtemp's 0700 would hide it from others)
+    try:
+        for name in FILES:
+            shutil.copy2(out_dir / name, staging / name)
+        with _lock():
+            if path.exists():
+                shutil.rmtree(path)
+            staging.rename(path)  # whole or absent: never a half-written entry
+            write_index()
+    except BaseException:  # a full disk or an interrupt leaves no staging folder behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if run_id:
         _tag_run(run_id, read_entry(path).id)
     print(f"{cfg.study}/{cfg.name}: recorded in the ledger, {path} (commit it)", file=sys.stderr)
@@ -214,17 +243,22 @@ def _tag_run(run_id: str, entry_id: str) -> None:
 
 
 def import_entry(entry: Entry) -> tuple[str, bool]:
-    """The MLflow run of `entry` in the tracking store: (run id, whether it was imported now). A run tagged with the
-    entry's id (imported before, or the live run that recorded it) is reused, so importing twice adds nothing."""
+    """The MLflow run of `entry` in the tracking store: (run id, whether it was imported now). A finished run tagged
+    with the entry's id (imported before, or the live run that recorded it) is reused, so importing twice adds
+    nothing; an import stopped part way is marked FAILED and done again."""
     from mlflow.entities import Metric
 
     from cheaptrain.tracking import DatasetRef, ensure_experiment, flatten, log_dataset, store_client
 
     experiment_id = ensure_experiment(entry.study)
     client = store_client()
-    found = client.search_runs([experiment_id], f"tags.ledger_entry = '{entry.id}'", max_results=1)
-    if found:
-        return found[0].info.run_id, False
+    tagged = client.search_runs([experiment_id], f"tags.ledger_entry = '{entry.id}'")
+    for run in tagged:
+        if run.info.status == "FINISHED":
+            return run.info.run_id, False
+    for run in tagged:  # an import stopped part way; a live run that recorded the entry has no imported_from
+        if run.info.status == "RUNNING" and "imported_from" in run.data.tags:
+            client.set_terminated(run.info.run_id, "FAILED")
     info = entry.info
     tags = {
         "study": entry.study,

@@ -418,7 +418,8 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
     matches); returns its final metrics. Across `processes` (torchrun), the main one tracks, checkpoints and writes;
     the others train their part."""
     if cfg.ledger == "record" and (entry := ledger_.find(cfg, run_code_version(cfg))) is not None:
-        return ledger_.reuse(entry, cfg, track) if processes.main else entry.metrics
+        imported = "the ledger entry is not imported into MLflow (`python -m cheaptrain.ledger import` does it later)"
+        return ledger_.reuse(entry, cfg, track and mlflow_installed(imported)) if processes.main else entry.metrics
     tracker = open_tracker(cfg.study, track and processes.main)  # fails here, before any work, if unusable
     start(processes, device_of(processes, resolve_device(cfg.device)))
     ckpt = checkpoint_path(cfg)
@@ -449,6 +450,15 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
             if error:
                 raise error
             recorder.log_missing(history)  # the last epoch
+            final = final_metrics(history) | method.run_metrics()
+            final["wall_time_s"] = recorder.wall_s()  # every attempt up to its last checkpoint, plus this one
+            if not processes.main:
+                return final
+            # in the try: a run whose outputs, entry or store fail ends FAILED, not RUNNING
+            write_outputs(cfg.out_dir, history, final, run_info(cfg, tracker.run_id, ident["data"], history))
+            if cfg.ledger in ("record", "retrain"):
+                ledger_.record(cfg.out_dir, cfg, tracker.run_id)
+            tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
         except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
             recorder.log_missing(recorder.history)  # the store gets what the checkpoint holds
             tracker.fail("FAILED")
@@ -471,15 +481,6 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         except BaseException:  # SystemExit, and whatever stands in for a kill: the checkpoint stays, to resume
             tracker.fail("FAILED")
             raise
-
-        final = final_metrics(history) | method.run_metrics()
-        final["wall_time_s"] = recorder.wall_s()  # every attempt up to its last checkpoint, plus this one
-        if not processes.main:
-            return final
-        write_outputs(cfg.out_dir, history, final, run_info(cfg, tracker.run_id, ident["data"], history))
-        if cfg.ledger in ("record", "retrain"):
-            ledger_.record(cfg.out_dir, cfg, tracker.run_id)
-        tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
         if owner:
             ckpt.unlink(missing_ok=True)
             ckpt.with_suffix(".lock").unlink(missing_ok=True)
