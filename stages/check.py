@@ -19,7 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
 
-from cheaptrain import UserError, run_main
+from cheaptrain import UserError, atomic_write, run_main
+
+
+def write(path: Path, data: bytes) -> None:
+    """atomic_write, with a UserError naming the path where it cannot be written (a file where a folder must be)."""
+    try:
+        atomic_write(path, data)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from e
 
 
 def main() -> None:
@@ -32,7 +40,6 @@ def main() -> None:
     parser.add_argument("--no-mlflow", action="store_true", help="evaluate the gate without logging it to MLflow")
     args = parser.parse_args()
 
-    from cheaptrain import atomic_write
     from cheaptrain.aggregate import read_summary
     from cheaptrain.check import evaluate, load_gate, load_reference, render
     from cheaptrain.config import load_params
@@ -48,7 +55,7 @@ def main() -> None:
         target = args.reference or gate.reference
         if target is None:
             raise UserError("no reference path: set params check.reference or pass --reference PATH")
-        atomic_write(Path(target), Path(args.summary).read_bytes())
+        write(Path(target), Path(args.summary).read_bytes())
         print(f"accepted {args.summary} ({len(summary)} configurations) as the reference {target}: commit it")
         return
 
@@ -63,7 +70,7 @@ def main() -> None:
         "violations": failed,
         "not_checked": sum(c.status == "skip" for c in checks),
     }
-    atomic_write(Path(args.out), (json.dumps(outcome, indent=2) + "\n").encode())
+    write(Path(args.out), (json.dumps(outcome, indent=2) + "\n").encode())
     if track:
         inputs = {"params": args.params, "summary": args.summary, "reference": reference}
         print(f"MLflow: experiment 'check', run {log_check([dataclasses.asdict(c) for c in checks], outcome, inputs)}")

@@ -13,10 +13,30 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
 
-from cheaptrain import run_main
+from cheaptrain import UserError, run_main
+
+
+def download_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """Params `download.<dataset>`, its types checked (before validate_grid, which reads every dataset's section)."""
+    section = params.get("download") or {}
+    if not isinstance(section, dict):
+        raise UserError(f"download: {section!r} is invalid; accepted: a mapping of datasets and dataset sections")
+    for name, settings in section.items():
+        if name != "datasets" and not isinstance(settings or {}, dict):
+            raise UserError(
+                f"download.{name}: {settings!r} is invalid; accepted: a mapping (source, sha256, train_size)"
+            )
+    settings = section.get(dataset) or {}
+    source, sha256 = settings.get("source", "torchvision"), settings.get("sha256")
+    if not isinstance(source, str):
+        raise UserError(f"download.{dataset}.source: {source!r} is invalid; accepted: torchvision, a URL or a path")
+    if not (sha256 is None or isinstance(sha256, str)):
+        raise UserError(f"download.{dataset}.sha256: {sha256!r} is invalid; accepted: null or the archive's SHA-256")
+    return settings
 
 
 def main() -> None:
@@ -34,8 +54,8 @@ def main() -> None:
 
     track = not args.no_mlflow and mlflow_installed("the download is not tracked (the prepared data is still written)")
     params = load_params(args.params)
+    settings = download_settings(params, args.dataset)
     validate_grid(params)
-    settings = (params.get("download") or {}).get(args.dataset) or {}
     for experiment in ("download", *(params.get("grid") or {})) if track else ():
         ensure_experiment(experiment)
     param = settings.get("source", "torchvision")

@@ -20,6 +20,7 @@ import yaml
 from cheaptrain import UserError
 from cheaptrain.aggregate import (
     SUMMARY_COLUMNS,
+    accuracy_measures,
     add_published,
     collect,
     describe,
@@ -430,6 +431,38 @@ def test_missing_and_malformed_runs_are_clear_errors(tmp_path):
     metrics.write_text("{not json")
     with pytest.raises(UserError, match="malformed"):
         collect(params, tmp_path)
+
+
+def test_files_that_are_not_text_are_clear_errors(tmp_path):
+    """A binary file where a run's JSON or CSV, the papers' figures or a summary belongs: a UserError naming it."""
+    params = synthetic_grid(tmp_path / "runs", seeds=(0,))
+    binary = b"\x89PNG\r\n\x1a\n\xff\xfe"
+    folder = tmp_path / "runs" / "dfp" / "cifar10-lenet-dfp-s0"
+    for name in ("metrics.json", "history.csv"):
+        original = (folder / name).read_bytes()
+        (folder / name).write_bytes(binary)
+        with pytest.raises(UserError, match=f"{name} cannot be read as a text file"):
+            collect(params, tmp_path / "runs")
+        (folder / name).write_bytes(original)
+    (tmp_path / "binary.csv").write_bytes(binary)
+    for read in (load_published, read_summary):
+        with pytest.raises(UserError, match=r"binary\.csv cannot be read as a text file"):
+            read(tmp_path / "binary.csv")
+
+
+def test_the_accuracy_measure_covers_the_papers_studies_without_a_grid_and_a_misspelt_study_is_an_error():
+    """--ledger-only empties the grid; the ledger's runs are of the papers' studies and take the measure chosen."""
+    chosen = {"aggregate": {"accuracy": {"dfp": "final_acc"}}}
+    assert accuracy_measures(chosen | {"grid": {}}) == {"dfp": "final_acc", "wus": "final_acc"}
+    with pytest.raises(UserError, match=r"aggregate\.accuracy: dpf is not a study; accepted: dfp, wus"):
+        accuracy_measures({"grid": {}, "aggregate": {"accuracy": {"dpf": "best3_acc"}}})
+
+
+def test_dvc_yaml_declares_every_figure_the_aggregate_stage_writes():
+    """The report embeds them all (the ledger's claims figure too): `dvc plots show` must list them."""
+    plots = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["aggregate"]["plots"]
+    declared = {next(iter(p)) if isinstance(p, dict) else p for p in plots}
+    assert {f"results/figures/{f}" for f in (*FIGURES, *LEDGER_FIGURES)} <= declared
 
 
 def test_published_csv_is_validated(tmp_path):

@@ -255,6 +255,37 @@ def test_accept_makes_the_summary_the_reference_and_a_missing_reference_is_an_er
     assert result.returncode == 2 and "is not a summary written by the aggregate stage" in result.stderr
 
 
+def test_unusable_summary_out_and_reference_paths_are_clear_errors(tmp_path):
+    """A binary summary, an --out below a file, and a missing reference named by where its path came from."""
+    (tmp_path / "binary.csv").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    binary = gate(tmp_path, good(), THRESHOLDS, "--summary", "binary.csv")
+    assert binary.returncode == 2 and "binary.csv cannot be read as a text file" in binary.stderr
+    (tmp_path / "file").write_text("")
+    below = gate(tmp_path, good(), THRESHOLDS, "--out", "file/check.json")
+    assert below.returncode == 2 and "cannot write file/check.json" in below.stderr
+    missing = gate(tmp_path, good(), THRESHOLDS | {"reference": "accepted.csv"}, "--reference", "other.csv")
+    assert missing.returncode == 2 and "other.csv (--reference) does not exist" in missing.stderr
+    assert "check.reference" not in missing.stderr
+    for result in (binary, below, missing):
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [(None, "not found"), ("- a\n", "must hold a mapping"), ("a: [\n", "is not valid YAML"), ("\xff", "not valid")],
+)
+def test_the_quick_command_names_a_bad_overlay_file(tmp_path, text, message):
+    """`python -m cheaptrain.quick` (tests/test_config.py tests its overlay) exits 2 with one line, no traceback."""
+    overlay = tmp_path / "overlay.yaml"
+    if text is not None:
+        overlay.write_bytes(text.encode("latin-1"))
+    cmd = [sys.executable, "-m", "cheaptrain.quick", str(overlay), "--dry-run"]
+    env = os.environ | {"PYTHONPATH": str(REPO / "src")}
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and f"overlay file {overlay}" in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.e2e
 def test_quick_pipeline_fails_when_the_gate_does(quick):
     params_file = quick / "params.yaml"

@@ -20,11 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from cheaptrain import UserError, prepare
 from cheaptrain.data import DataError, load_split
 from cheaptrain.prepare import DATASETS, prepare_dataset, resolve_source, write_prepared
+
+from conftest import REPO
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 PER_CLASS = {"train": 3, "test": 2}
@@ -334,6 +337,25 @@ def test_a_sha256_checks_the_params_archive_not_another_one_the_environment_name
     assert manifest["archive"]["sha256"] == sha256_of(other)  # no param source: the variable's archive, unchecked
     # the archive the param names, whichever way: its sha256 is checked
     assert_fails_cleanly(tmp_path, str(other), "Checksum mismatch", sha256=sha256_of(pinned))
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"source": 5}, "download.cifar10.source: 5 is invalid"),
+        ({"source": "torchvision", "sha256": 5}, "download.cifar10.sha256: 5 is invalid"),
+        (5, "download.cifar10: 5 is invalid"),
+    ],
+)
+def test_the_download_stage_names_a_param_of_the_wrong_type(tmp_path: Path, section: object, message: str) -> None:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["download"]["cifar10"] = section
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cmd = [sys.executable, str(REPO / "stages" / "download.py"), "--dataset", "cifar10", "--no-mlflow",
+           "--out", "prepared", "--cache", "raw"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
 
 
 def test_unknown_dataset_lists_the_accepted_names(tmp_path: Path) -> None:

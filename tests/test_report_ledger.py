@@ -11,9 +11,11 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cheaptrain import UserError
 from cheaptrain.aggregate import (
@@ -30,7 +32,7 @@ from cheaptrain.aggregate import (
 from cheaptrain.papers import PAPERS
 from cheaptrain.report.claims import paper_scale
 from cheaptrain.report.figures import LEDGER_FIGURES
-from cheaptrain.report.stage import grid_part
+from cheaptrain.report.stage import agreement, grid_part, log_to_mlflow, run_devices
 from cheaptrain.report.tables import findings, paper_tables
 
 from conftest import REPO, read_csv
@@ -229,6 +231,56 @@ def test_the_ledger_and_the_grid_count_a_run_in_both_once(tmp_path):
     assert set(metrics["ledger"]["dfp"]) == {"cifar10-lenet-baseline", "cifar10-lenet-dfp"}
     grid_rows, grid_runs = grid_part(summary, runs)  # the report's body, figures and curves: the grid's configurations
     assert {r["epochs"] for r in grid_rows} == {10} and len(grid_runs) == 6
+
+
+def test_two_ledger_configurations_of_one_name_are_both_logged_to_mlflow(tmp_path, monkeypatch, empty_store):
+    """Runs of one name at two recipes: metrics.json keeps both, the second under its recipe, in a name MLflow
+    accepts (it refuses '@'); the run's tags are the stage's, the git commit read once."""
+    from mlflow import MlflowClient
+
+    from cheaptrain import tracking
+
+    quick = paper_recipe("dfp", epochs=10, lr=0.02)
+    for method in ("baseline", "dfp"):
+        write_entry(tmp_path / "ledger", "dfp", "lenet", method, 0)
+        write_entry(tmp_path / "ledger", "dfp", "lenet", method, 1, quick, epochs=10)
+    summary = summarize(ledger_runs(tmp_path / "ledger"), {"dfp": "best3_acc"})
+    metrics = headline(summary)
+    names = set(metrics["ledger"]["dfp"])
+    plain = {"cifar10-lenet-baseline", "cifar10-lenet-dfp"}
+    assert len(names) == 4 and {name.split(" recipe ")[0] for name in names} == plain
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    commits = []
+    monkeypatch.setattr(tracking, "git_commit", lambda: commits.append(1) or "abc123")
+    run = MlflowClient(store).get_run(log_to_mlflow(summary, [], [], metrics, [], []))
+    assert {key.split("/")[2] for key in run.data.metrics} == names
+    assert run.data.tags["git_commit"] == run.data.tags["mlflow.source.git.commit"] == "abc123" and commits == [1]
+
+
+def test_devices_of_older_runs_are_read_from_a_checked_store_and_only_when_a_run_lacks_its_own(tmp_path, monkeypatch):
+    """A mistyped store folder is one clear error, not a new store there; runs that name their device need none."""
+    typo = tmp_path / "typo" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{typo}")
+    named = run_of(claim_row("lenet", "dfp"))
+    assert run_devices([named]) == {}
+    with pytest.raises(UserError, match="is not an existing folder"):
+        run_devices([named, replace(named, device="", mlflow_run_id="older")])
+    assert not typo.parent.exists()
+
+
+@pytest.mark.parametrize("value", [True, float("inf"), float("nan"), -1, "1"])
+def test_a_tolerance_that_is_not_a_finite_number_is_an_error(value):
+    with pytest.raises(UserError, match=r"aggregate\.agree_within: acc_points not accepted"):
+        agreement({"aggregate": {"agree_within": {"acc_points": value}}})
+
+
+def test_params_yaml_lists_every_tolerance_at_its_default():
+    """The report cites each by its params key (aggregate.agree_within.cost_points too): each is set there."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert params["aggregate"]["agree_within"] == agreement({})
 
 
 def test_a_methods_paired_figures_are_over_the_seeds_whose_baseline_has_run_and_say_so(tmp_path):

@@ -40,6 +40,8 @@ from cheaptrain.tracking import (
     dataset_ref,
     device_name,
     ensure_experiment,
+    log_stage_run,
+    stage_tags,
 )
 
 from conftest import REPO, read_csv, run_in, synthetic_split
@@ -235,6 +237,40 @@ def test_every_experiment_it_creates_or_uses_is_a_model_training_one(store):
     for experiment_id in (older, new):
         tags = client.get_experiment(experiment_id).tags
         assert tags["mlflow.experimentKind"] == EXPERIMENT_KIND["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_experiments_of_any_sqlite_store_keep_their_artifacts_beside_it(tmp_path, monkeypatch, empty_store):
+    """Not in ./mlruns of the current folder, which `dvc exp run --temp` deletes with its copy of the repository."""
+    from mlflow import MlflowClient
+
+    for folder in ("stores", "elsewhere"):
+        (tmp_path / folder).mkdir()
+    shutil.copy(empty_store, tmp_path / "stores" / "other.db")
+    uri = f"sqlite:///{tmp_path / 'stores' / 'other.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    experiment = MlflowClient(uri).get_experiment(ensure_experiment("dfp"))
+    assert experiment.artifact_location == (tmp_path / "stores" / "mlartifacts" / "dfp").as_uri()
+
+
+def test_a_stage_run_the_store_refuses_is_marked_failed_not_left_running(store):
+    from mlflow import MlflowClient
+
+    with pytest.raises(UserError, match="cannot log the check run check to the MLflow store"):
+        log_stage_run("check", "check", {"bad@name": 1}, {"passed": 1.0})  # MLflow refuses '@' in a param's name
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("check").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def test_the_stage_tags_read_the_git_commit_once(monkeypatch):
+    from cheaptrain import tracking
+
+    commits = []
+    monkeypatch.setattr(tracking, "git_commit", lambda: commits.append(1) or "abc123")
+    tags = stage_tags()
+    assert tags["git_commit"] == tags["mlflow.source.git.commit"] == "abc123" and commits == [1]
 
 
 def prepared(root: Path, seed: int, manifest: dict) -> Path:

@@ -112,11 +112,19 @@ def grid_runs(params: dict[str, Any]) -> Iterator[tuple[str, str, str, str, int]
         )
 
 
+def read_text(path: Path) -> str:
+    """A text file's contents, line ends as written (for csv); a UserError where it is unreadable or not UTF-8."""
+    try:
+        return path.read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} cannot be read as a text file: {e}") from e
+
+
 def read_run(folder: Path, study: str, dataset: str, model: str, method: str, seed: int) -> Run:
     """One finished run; a UserError names the file and what is wrong with it."""
     try:
-        metrics = json.loads((folder / "metrics.json").read_text())
-        info = json.loads((folder / "run.json").read_text())
+        metrics = json.loads(read_text(folder / "metrics.json"))
+        info = json.loads(read_text(folder / "run.json"))
     except json.JSONDecodeError as e:
         raise UserError(f"{folder}: a JSON file is malformed ({e}); rerun the run with `dvc repro`") from e
     if not isinstance(metrics, dict) or not isinstance(info, dict):
@@ -124,8 +132,7 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
     bad = [k for k in REQUIRED_METRICS if not is_number(metrics.get(k))]
     if bad:
         raise UserError(f"{folder}/metrics.json: missing or not a finite number: {', '.join(bad)}")
-    with open(folder / "history.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = list(csv.DictReader(io.StringIO(read_text(folder / "history.csv"), newline="")))
     if not rows or "epoch" not in rows[0] or "test_acc" not in rows[0]:
         raise UserError(f"{folder}/history.csv: needs a header with epoch and test_acc and one row per epoch")
     history = []
@@ -226,7 +233,10 @@ def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
     bad = [f"aggregate.accuracy.{s}: {m!r}" for s, m in chosen.items() if m not in MEASURES]
     if bad:
         raise UserError(f"{'; '.join(bad)} is not accepted; accepted: {' | '.join(MEASURES)}")
-    return {study: chosen.get(study, PAPER_MEASURE.get(study, "final_acc")) for study in params.get("grid") or {}}
+    studies = list(dict.fromkeys([*PAPER_MEASURE, *(params.get("grid") or {})]))  # the ledger's: the papers'
+    if unknown := [str(s) for s in chosen if s not in studies]:
+        raise UserError(f"aggregate.accuracy: {', '.join(unknown)} is not a study; accepted: {', '.join(studies)}")
+    return {study: chosen.get(study, PAPER_MEASURE.get(study, "final_acc")) for study in studies}
 
 
 def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]:
@@ -343,17 +353,16 @@ def load_published(path: Path) -> dict[tuple[str, str, str, str, str], float]:
     """Every cell of the papers' tables: (paper, dataset, model, method, metric) -> value."""
     if not path.is_file():
         raise UserError(f"{path} not found: the papers' published figures (copy of ../shared/papers/)")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != PUBLISHED_COLUMNS:
-            raise UserError(f"{path}: columns must be {','.join(PUBLISHED_COLUMNS)}, got {reader.fieldnames}")
-        cells = {}
-        for i, row in enumerate(reader, 2):
-            try:
-                value = float(row["value"])
-            except ValueError as e:
-                raise UserError(f"{path} line {i}: value {row['value']!r} is not a number") from e
-            cells[(row["paper"], row["dataset"], row["model"], row["method"], row["metric"])] = value
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    if tuple(reader.fieldnames or ()) != PUBLISHED_COLUMNS:
+        raise UserError(f"{path}: columns must be {','.join(PUBLISHED_COLUMNS)}, got {reader.fieldnames}")
+    cells = {}
+    for i, row in enumerate(reader, 2):
+        try:
+            value = float(row["value"])
+        except ValueError as e:
+            raise UserError(f"{path} line {i}: value {row['value']!r} is not a number") from e
+        cells[(row["paper"], row["dataset"], row["model"], row["method"], row["metric"])] = value
     return cells
 
 
@@ -407,27 +416,26 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
     """A summary.csv back as rows: numbers as floats, empty cells left out; a UserError if it is not a summary."""
     if not path.is_file():
         raise UserError(f"{path} not found: run the aggregate stage first (`dvc repro aggregate`)")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in (*KEY, "seeds", "acc_measure", "acc_mean") if c not in (reader.fieldnames or ())]
-        if missing:
-            raise UserError(f"{path} is not a summary written by the aggregate stage: no column {', '.join(missing)}")
-        rows = []
-        for i, raw in enumerate(reader, 2):
-            row: dict[str, Any] = {}
-            for k, v in raw.items():
-                if v in ("", None):
-                    continue
-                if k in TEXT_COLUMNS:
-                    row[k] = v
-                    continue
-                try:
-                    row[k] = float(v)
-                except ValueError as e:
-                    raise UserError(f"{path} line {i}: column {k}: {v!r} is not a number") from e
-            if any(k not in row for k in (*KEY, "acc_mean")):
-                raise UserError(f"{path} line {i}: a row needs {', '.join(KEY)} and acc_mean")
-            rows.append(row)
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    missing = [c for c in (*KEY, "seeds", "acc_measure", "acc_mean") if c not in (reader.fieldnames or ())]
+    if missing:
+        raise UserError(f"{path} is not a summary written by the aggregate stage: no column {', '.join(missing)}")
+    rows = []
+    for i, raw in enumerate(reader, 2):
+        row: dict[str, Any] = {}
+        for k, v in raw.items():
+            if v in ("", None):
+                continue
+            if k in TEXT_COLUMNS:
+                row[k] = v
+                continue
+            try:
+                row[k] = float(v)
+            except ValueError as e:
+                raise UserError(f"{path} line {i}: column {k}: {v!r} is not a number") from e
+        if any(k not in row for k in (*KEY, "acc_mean")):
+            raise UserError(f"{path} line {i}: a row needs {', '.join(KEY)} and acc_mean")
+        rows.append(row)
     return rows
 
 
@@ -444,6 +452,6 @@ def headline(summary: list[dict[str, Any]]) -> dict[str, Any]:
         section = metrics.setdefault("ledger", {}) if row.get("source") == "ledger" else metrics
         names = section.setdefault(row["study"], {})
         name = f"{row['dataset']}-{row['model']}-{row['method']}"
-        name = f"{name}@{row.get('recipe', '')}" if name in names else name
+        name = f"{name} recipe {row.get('recipe', '')}" if name in names else name  # characters MLflow accepts
         names[name] = {k: round(row[f"{k}_mean"], 4) for k in keep if row.get(f"{k}_mean") is not None}
     return metrics

@@ -181,9 +181,16 @@ def _show(value: Any) -> str:
 
 
 def load_reference(gate: Gate, override: str | None = None) -> list[dict[str, Any]] | None:
+    """The reference summary of `override` (--reference), else of params check.reference; None where neither names
+    one."""
     path = override or gate.reference
     if path is None:
         return None
+    if not Path(path).is_file() and override:
+        raise UserError(
+            f"the reference summary {path} (--reference) does not exist: accept the current results into it with "
+            f"`python stages/check.py --accept --reference {path}`, or pass another path"
+        )
     if not Path(path).is_file():
         raise UserError(
             f"the reference summary {path} (params check.reference) does not exist: accept the current results "

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cheaptrain import atomic_write
+import yaml
+
+from cheaptrain import UserError, atomic_write, run_main
 from cheaptrain.config import read_yaml
 
 
@@ -34,6 +36,19 @@ def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+def load_overlay(path: Path) -> dict[str, Any]:
+    """The overlay file's params (an empty file: none); a UserError names the file and what is wrong with it."""
+    if not path.is_file():
+        raise UserError(f"overlay file {path} not found (run from the repository root, or name the file)")
+    try:
+        overlay = read_yaml(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UserError(f"overlay file {path} is not valid YAML: {' '.join(str(e).split())}") from e
+    if not isinstance(overlay, dict):
+        raise UserError(f"overlay file {path} must hold a mapping of params sections, got {type(overlay).__name__}")
+    return overlay
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m cheaptrain.quick", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -42,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the dvc command without running it")
     parser.add_argument("dvc_args", nargs=argparse.REMAINDER, help="after --: more arguments for `dvc exp run`")
     args = parser.parse_args(argv)
-    overlay = read_yaml(Path(args.overlay).read_text()) or {}
+    overlay = load_overlay(Path(args.overlay))
     extra = args.dvc_args[1:] if args.dvc_args[:1] == ["--"] else args.dvc_args
     command = ["dvc", "exp", "run", *[a for o in overrides(overlay) for a in ("-S", o)], *extra]
     print(shlex.join(command), flush=True)
@@ -58,4 +73,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -263,9 +263,10 @@ def ensure_experiment(name: str) -> str:
         client = _open(uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
-            location = None  # a tracking server chooses its own artifact store
-            if uri == default_uri():
-                location = (project_root() / "mlartifacts" / name).as_uri()
+            # beside an SQLite file, not in the cwd's ./mlruns (lost with a temporary copy of the repository); a
+            # tracking server chooses its own artifact store
+            path = sqlite_file(uri)
+            location = None if path is None else (path.parent.resolve() / "mlartifacts" / name).as_uri()
             try:
                 return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
             except MlflowException as e:  # a tracking server: another process created it just now
@@ -487,9 +488,10 @@ class RunTracker:
 
 def stage_tags() -> dict[str, str]:
     """Where a run comes from: the git commit, the DVC stage and the DVC experiment."""
+    commit = git_commit()
     return {
-        "git_commit": git_commit(),
-        "mlflow.source.git.commit": git_commit(),
+        "git_commit": commit,
+        "mlflow.source.git.commit": commit,
         "dvc_stage": os.environ.get("DVC_STAGE", ""),
         "dvc_exp": os.environ.get("DVC_EXP_NAME", ""),
     }
@@ -530,7 +532,7 @@ def log_stage_run(
     from mlflow.exceptions import MlflowException
 
     experiment_id = ensure_experiment(experiment)
-    client = store_client()
+    client, run_id = store_client(), None
     try:
         run_id = client.create_run(experiment_id, run_name=name, tags=stage_tags()).info.run_id
         now = int(time.time() * 1000)
@@ -544,6 +546,9 @@ def log_stage_run(
             client.log_table(run_id, table[1], table[0])
         client.set_terminated(run_id, "FINISHED")
     except MlflowException as e:
+        if run_id is not None:  # not left RUNNING; the store may be what failed, so its error is the one raised
+            with contextlib.suppress(Exception):
+                client.set_terminated(run_id, "FAILED")
         raise UserError(
             f"cannot log the {experiment} run {name} to the MLflow store {tracking_uri()!r}: "
             f"{' '.join(e.message.split())[:600]}. Run the stage again once the store works."

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from cheaptrain import UserError, atomic_write
+from cheaptrain import UserError, atomic_write, is_number
 from cheaptrain.aggregate import (
     BASELINE,
     Run,
@@ -135,13 +134,15 @@ def report_markdown(
 
 def run_devices(runs: list[Run]) -> dict[str, str]:
     """For runs whose run.json names no device (older runs): the `device` tag of their MLflow run."""
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from cheaptrain.tracking import tracking_uri
+    from cheaptrain.tracking import store_client
 
-    client, devices = MlflowClient(tracking_uri()), {}
-    for run in (r for r in runs if not r.device):
+    unnamed = [r for r in runs if not r.device]
+    if not unnamed:  # the store is not opened where no run needs it
+        return {}
+    client, devices = store_client(), {}
+    for run in unnamed:
         try:
             devices[run.mlflow_run_id] = client.get_run(run.mlflow_run_id).data.tags.get("device", "")
         except MlflowException:
@@ -161,21 +162,14 @@ def log_to_mlflow(
     again), the outputs, links to the runs."""
     import mlflow
 
-    from cheaptrain.tracking import ensure_experiment, flatten, git_commit, tracking_uri
+    from cheaptrain.tracking import ensure_experiment, flatten, metric_key, stage_tags, tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     experiment_id = ensure_experiment(MLFLOW_EXPERIMENT)
-    tags = {
-        "git_commit": git_commit(),
-        "mlflow.source.git.commit": git_commit(),
-        "dvc_stage": os.environ.get("DVC_STAGE", ""),
-        "dvc_exp": os.environ.get("DVC_EXP_NAME", ""),
-        "runs": str(len(runs)),
-        "studies": ",".join(sorted({r.study for r in runs})),
-    }
+    tags = stage_tags() | {"runs": str(len(runs)), "studies": ",".join(sorted({r.study for r in runs}))}
     name = f"aggregate-{tags['dvc_exp']}" if tags["dvc_exp"] else "aggregate"
     with mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=tags) as active:
-        mlflow.log_metrics({k.replace(".", "/"): v for k, v in flatten(metrics).items()})
+        mlflow.log_metrics({metric_key(k.replace(".", "/")): v for k, v in flatten(metrics).items()})
         columns = list(dict.fromkeys(k for row in summary for k in row))
         mlflow.log_table({c: [row.get(c) for row in summary] for c in columns}, "tables/summary.json")
         for table in tables:
@@ -205,7 +199,7 @@ def agreement(params: dict[str, Any]) -> dict[str, float]:
     given = (params.get("aggregate") or {}).get("agree_within") or {}
     agree = {"acc_points": 0.5, "saving_points": 3.0, "cost_points": 3.0}  # cost: a budget's width
     unknown = [k for k in given if k not in agree]
-    bad = [k for k, v in given.items() if k in agree and not (isinstance(v, int | float) and v >= 0)]
+    bad = [k for k, v in given.items() if k in agree and not (is_number(v) and v >= 0)]
     if unknown or bad:
         raise UserError(
             f"aggregate.agree_within: {', '.join(unknown + bad)} not accepted; accepted: "
