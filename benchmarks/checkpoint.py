@@ -71,9 +71,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet18", choices=list(MODELS), help="whose state (default: %(default)s)")
     parser.add_argument("--epoch-s", type=float, default=1.4, help="an epoch's seconds alone (default: %(default)s)")
-    parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per turn (default: %(default)s)")
+    parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per turn, >= 2 (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="turns of each way (default: %(default)s)")
     args = parser.parse_args()
+    if args.epochs < 2:
+        parser.error(f"--epochs {args.epochs}: at least 2 (the first epoch of each turn is left out)")
     state = model_state(args.model)
     size = len(checkpoint_bytes(state)) / 1e6
     products = products_for(args.epoch_s)
@@ -84,7 +86,8 @@ def main() -> None:
                 times[way] += epochs(products, args.epochs, state, Path(folder) / "checkpoint.pt", way)[1:]
     medians = {way: statistics.median(values) for way, values in times.items()}
     print(f"{args.model}: a {size:.0f} MB checkpoint after each epoch of about {args.epoch_s} s ({products} matrix "
-          f"products), {args.repeats} turns of {args.epochs} epochs each way")  # fmt: skip
+          f"products), {args.repeats} turns of {args.epochs} epochs each way, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
     for way, median in medians.items():
         print(f"  {way:8} {median:.3f} s an epoch (median), {median / medians['none'] - 1:+.1%} on an epoch without")
     print(f"behind / in line: {medians['behind'] / medians['in line']:.3f}")

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import positive_int
+from cheaptrain import positive_int, run_main
 from cheaptrain.config import load_params, resolve_run
 from cheaptrain.data import Split, load_split
 from cheaptrain.methods import Method, create_method
@@ -56,6 +56,14 @@ def main() -> None:
         "--samples", type=positive_int, default=None, help="train on the first N samples only (a smoke test)"
     )
     args = parser.parse_args()
+    if not 0 < args.fraction < 1:
+        parser.error(f"--fraction {args.fraction}: a pruning epoch leaves out a fraction in (0, 1)")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device}: not a device name (accepted: cpu, cuda, cuda:N)")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here")
     keep_freed_memory()  # as the trainer runs
     if not (Path(args.data) / "train.npz").is_file():
         sys.exit(
@@ -115,12 +123,13 @@ def main() -> None:
         ratios = [x / y for x, y in zip(a, b, strict=True)]
         return statistics.median(ratios), min(ratios), max(ratios)
 
-    batches = -(-n // 128)
+    batch = cfg.recipe.batch_size
+    batches = -(-n // batch)
     overhead = paired([m + s for m, s in zip(monitoring, selection, strict=True)], wall["full"])
     target = (1 - args.fraction) * 1.1
     print(
-        f"\n{args.model} on {cfg.device}, {torch.get_num_threads()} threads, {n} samples ({batches} batches of 128), "
-        f"{args.repeats} repeats. Medians, wall (CPU) s: "
+        f"\n{args.model} on {cfg.device}, {torch.get_num_threads()} threads, {n} samples ({batches} batches of "
+        f"{batch}), {args.repeats} repeats. Medians, wall (CPU) s: "
         + ", ".join(f"{k} {statistics.median(wall[k]):.3f} ({statistics.median(cpu[k]):.3f})" for k in wall)
     )  # fmt: skip
     monitor_s, select_s, full_s = (statistics.median(v) for v in (monitoring, selection, wall["full"]))
@@ -151,5 +160,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    main()
+    run_main(main)
     print(f"({time.perf_counter() - started:.0f} s)")

@@ -39,15 +39,17 @@ Writes under the folder OUT, and prints:
                    batch. Whether a skip epoch saves time on the device, and if not, why: it runs without CUDA
                    graphs, or the host's part of a step is as long as a normal step's
   skip.txt         the top 25 ops of each phase by device time and by host time
-  gpu_check.txt    everything printed
-  errors.log       the traceback of each setting, method or model that failed (written only where one did)
+  gpu_check.txt    everything printed, appended: each command's lines after a header line (its date and command)
+  errors.log       the traceback of each setting, method or model that failed (written only where one did),
+                   appended under the failing command's header line
 The line "<model>: N = k pays" names the smallest N within 5% of the best aggregate throughput. A setting, method or
 model that fails is printed as FAILED, with an empty rate in its row, and the check goes on to the next; each table
-is rewritten after every row, so a check stopped midway leaves what it measured. The exit status is 1 when the cuda
-tests fail (or take over 8 minutes) or anything failed. `--sections` runs some of the parts (default: all but
-`profile`, `tuning` and `skip`), to fit a machine that limits each command's time: e.g. `--sections tests`,
-`--sections throughput`, then `--sections methods concurrency`; `--sections profile tuning` says where a step's time
-goes and what would win it back, `--sections skip` what a WUS skip epoch costs.
+is rewritten after every row, so a check stopped midway leaves what it measured (a section run again rewrites its
+own). The exit status is 1 when the cuda tests fail (or take over 8 minutes) or anything failed. `--sections` runs
+some of the parts (default: all but `profile`, `tuning` and `skip`), to fit a machine that limits each command's
+time: e.g. `--sections tests`, `--sections throughput`, then `--sections methods concurrency`, all into one OUT;
+`--sections profile tuning` says where a step's time goes and what would win it back, `--sections skip` what a WUS
+skip epoch costs.
 
 `--device cpu --quick` checks the script itself on a CPU in about a minute: LeNet only, batch 32, a few batches,
 N = 1, 2.
@@ -60,12 +62,14 @@ import logging
 import multiprocessing
 import os
 import queue
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 import traceback
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -230,13 +234,15 @@ CUDA_ONLY = ("max-autotune", "cudnn.benchmark")  # autotuning a CPU's kernels ta
 
 
 class Report:
-    """Prints, and keeps what it printed for gpu_check.txt; writes the CSV files and the failures' tracebacks."""
+    """Prints, and appends what it printed to gpu_check.txt; writes the CSV files and the failures' tracebacks. Each
+    command's lines and tracebacks follow a header line of their own: docs/gpu.md runs the sections as separate
+    commands into one folder, so an earlier command's output stays."""
 
     def __init__(self, out: Path) -> None:
         self.out, self.log = out, out / "gpu_check.txt"
-        self.log.write_text("")
-        (out / "errors.log").unlink(missing_ok=True)  # a folder used again: only this check's failures
+        self.header = f"== {datetime.now().astimezone().isoformat(timespec='seconds')} {shlex.join(sys.argv)}"
         self.failures = 0
+        self.say(self.header)
 
     def say(self, line: str = "") -> None:
         print(line, flush=True)
@@ -261,6 +267,8 @@ class Report:
         """Count the failure, append its traceback to errors.log; return its one-line summary."""
         self.failures += 1
         with open(self.out / "errors.log", "a") as f:
+            if self.failures == 1:  # the command's header, once, above its first traceback
+                f.write(f"{self.header}\n")
             f.write(f"== {what}\n{''.join(traceback.format_exception(error))}\n")
         first_line = next(iter(str(error).strip().splitlines()), "")
         return f"FAILED: {f'{type(error).__name__}: {first_line}'[:160]} (-> {self.out / 'errors.log'})"
@@ -477,11 +485,11 @@ def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
             try:
                 for epoch in fit(cfg, train, test, create_method(name, cfg.method_args)):
                     graphs = counters["stats"]["unique_graphs"] - graphs_before  # compiled in this run, so far
-                    row = {"method": name, "compile": compile, "epoch": epoch["epoch"],
+                    row = {"method": name, "compile": compile, "batch": sizes.batch, "epoch": epoch["epoch"],
                            "samples": epoch["trained_samples"], "pruned": epoch.get("pruned_samples", 0),
                            "phase": epoch.get("phase", ""), "train_loss": round(epoch["train_loss"], 4),
                            "test_acc": epoch["test_acc"], "epoch_train_s": round(epoch["epoch_train_s"], 3),
-                           "graphs": graphs if compile else ""}  # fmt: skip
+                           "graphs": graphs if compile else "", "device": device_name(device)}  # fmt: skip
                     rows.append(row)
                     report.write("methods.csv", rows)
                     report.say(f"{name:14} {setting:9} {row['epoch']:5} {row['samples']:7} {row['pruned']:6} "
@@ -489,7 +497,8 @@ def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
                                f"{row['epoch_train_s']:8.3f} {row['graphs']!s:>6}")  # fmt: skip
             except Exception as error:  # the next methods still run
                 failure = report.failed(f"methods: {name} {setting}", error)
-                rows.append({"method": name, "compile": compile, "error": failure})
+                rows.append({"method": name, "compile": compile, "batch": sizes.batch, "device": device_name(device),
+                             "error": failure})  # fmt: skip
                 report.write("methods.csv", rows)
                 report.say(f"{name:14} {setting:9} {failure}")
     report.written("methods.csv", rows)
@@ -512,11 +521,11 @@ def worker(model: str, device: str, sizes: Sizes, threads: int, barrier: Any, re
         results.put({"error": traceback.format_exc()})
 
 
-def aggregate_rate(model: str, device: torch.device, sizes: Sizes, n: int, threads: int | None) -> float:
-    """Training images per second of `n` processes at once, from the first start to the last end."""
+def aggregate_rate(model: str, device: torch.device, sizes: Sizes, n: int, threads: int) -> float:
+    """Training images per second of `n` processes at once, each with `threads` CPU threads, from the first start to
+    the last end."""
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     barrier, results = context.Barrier(n), context.Queue()
-    threads = threads or max(1, CORES // n)
     processes = [context.Process(target=worker, args=(model, str(device), sizes, threads, barrier, results))
                  for _ in range(n)]  # fmt: skip
     for process in processes:
@@ -539,16 +548,18 @@ def concurrency(report: Report, device: torch.device, models: list[str], sizes: 
     report.say(f"N training processes at once on {device_name(device)}: aggregate images/s (batch {sizes.batch}, "
                "eager, the device's default autocast)")  # fmt: skip
     rows = []
+    per_process = {n: threads or max(1, CORES // n) for n in sizes.processes}  # CPU threads of each process
     for model in models:
         try:
-            rates = {n: aggregate_rate(model, device, sizes, n, threads) for n in sizes.processes}
+            rates = {n: aggregate_rate(model, device, sizes, n, per_process[n]) for n in sizes.processes}
         except Exception as error:  # the next model still runs
             report.say(f"{model}: {report.failed(f'concurrency: {model}', error)}")
             continue
         pays = min(n for n, rate in rates.items() if rate >= PAYS_WITHIN * max(rates.values()))
         for n, rate in rates.items():
-            rows.append({"model": model, "processes": n, "images_per_s": round(rate, 1),
-                         "vs_one_process": round(rate / rates[1], 2), "pays": n == pays})  # fmt: skip
+            rows.append({"model": model, "processes": n, "batch": sizes.batch, "threads": per_process[n],
+                         "images_per_s": round(rate, 1), "vs_one_process": round(rate / rates[1], 2),
+                         "pays": n == pays, "device": device_name(device)})  # fmt: skip
         report.write("concurrency.csv", rows)
         line = ", ".join(f"N = {n}: {rate:.0f} ({rate / rates[1]:.2f}x)" for n, rate in rates.items())
         report.say(f"{model}: {line}")

@@ -63,8 +63,9 @@ def main() -> None:
         for way in WAYS:
             command = [sys.executable, __file__, "--model", args.model, "--calls", str(args.calls), "--only", way]
             done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{way}: {done.stderr.strip().splitlines()[-1]}")
+            if done.returncode != 0:  # an OOM kill leaves no stderr: the status says what happened
+                last = (done.stderr.strip().splitlines() or [f"the process exited with status {done.returncode}"])[-1]
+                raise SystemExit(f"{way}: {last}")
             times[way].append(float(done.stdout.split()[-1]))
     print(f"{args.model}, torch {torch.__version__}: guard check before each compiled call, best of {args.repeats}")
     for way, values in times.items():

@@ -40,7 +40,7 @@ from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import positive_int
+from cheaptrain import positive_int, run_main
 from cheaptrain.config import RunConfig, load_params, resolve_run
 from cheaptrain.data import channel_stats, load_split
 from cheaptrain.methods import Method
@@ -152,8 +152,9 @@ def main() -> None:
     median = {k: statistics.median(v) for k, v in times.items()}
     malloc = "default malloc" if args.default_malloc else "freed memory kept"
     print(
-        f"\n{args.model}, one training epoch over {len(train_split.labels)} images, {torch.get_num_threads()} "
-        f"threads, {malloc}, median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+        f"\n{args.model}, one training epoch over {len(train_split.labels)} images, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {malloc}, median of {args.repeats}: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
     )
     print("page faults of this process in an epoch, median: " + ", ".join(
         f"{k} {statistics.median(v):,.0f}" for k, v in faults.items()
@@ -184,4 +185,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 def child(data: str, epochs: int, keep: bool) -> None:
     import dataclasses
 
+    import torch
+
     from cheaptrain.config import load_params, resolve_run
     from cheaptrain.data import load_split
     from cheaptrain.methods import Method
@@ -45,7 +47,7 @@ def child(data: str, epochs: int, keep: bool) -> None:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         seconds = train_epoch(t, epoch, cfg.recipe.lr)["epoch_train_s"]
         rows.append((seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
-    print(json.dumps(rows))
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "epochs": rows}))
 
 
 def main() -> None:
@@ -64,15 +66,16 @@ def main() -> None:
     for round_ in range(args.rounds):
         for mode in ("default", "keep") if round_ % 2 == 0 else ("keep", "default"):
             cmd = [sys.executable, __file__, "--child", mode, "--data", args.data, "--epochs", str(args.epochs)]
-            rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            done = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            rows = done["epochs"]
             epochs[mode] += [tuple(r) for r in rows]
             print(f"round {round_ + 1}, {mode:7s}: " + ", ".join(f"{s:.2f} s ({f:,} faults)" for s, f in rows))
     median = {m: statistics.median(s for s, _ in rows) for m, rows in epochs.items()}
     faults = {m: statistics.median(f for _, f in rows) for m, rows in epochs.items()}
     print(
-        f"\nLeNet epoch, median over {len(epochs['keep'])} epochs each: default malloc {median['default']:.2f} s "
-        f"({faults['default']:,.0f} page faults), freed memory kept {median['keep']:.2f} s ({faults['keep']:,.0f}); "
-        f"kept / default: {median['keep'] / median['default']:.2f}"
+        f"\nLeNet epoch, torch {done['torch']}, {done['threads']} threads, median over {len(epochs['keep'])} epochs "
+        f"each: default malloc {median['default']:.2f} s ({faults['default']:,.0f} page faults), freed memory kept "
+        f"{median['keep']:.2f} s ({faults['keep']:,.0f}); kept / default: {median['keep'] / median['default']:.2f}"
     )
 
 

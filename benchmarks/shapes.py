@@ -62,6 +62,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=positive_int, default=5, help="timed epochs of each way, taking turns")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device}: not a device name (accepted: cpu, cuda, cuda:N)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available here")
     if args.threads:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import positive_int
+from cheaptrain import positive_int, run_main
 from cheaptrain.config import load_params, resolve_run
 from cheaptrain.data import Split
 from cheaptrain.methods.wus import NORMAL, SKIP, WeightUpdateSkipping
@@ -126,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,10 +1,17 @@
-"""The benchmark scripts: they run on the training code as it is, and a bad count is a usage error."""
+"""The benchmark scripts: they run on the training code as it is, and bad input is a usage error, not a traceback."""
 
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from cheaptrain.prepare import write_prepared
+
+from conftest import synthetic_split
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -13,6 +20,20 @@ def benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), *args], capture_output=True, text=True, cwd=REPO
     )
+
+
+def prepare_tiny(folder: Path, train_size: int | None = None) -> Path:
+    """A prepared CIFAR-10 of 64 training and 32 test images (`train_size`: as the quick setting's subset says)."""
+    train, test = synthetic_split(64, seed=1), synthetic_split(32, seed=2)
+    splits = {"train": (train.images, train.labels), "test": (test.images, test.labels)}
+    extra = {"train_subset": {"train_size": train_size}} if train_size else {}
+    write_prepared(folder, splits, train.classes, extra)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> str:
+    return str(prepare_tiny(tmp_path_factory.mktemp("prepared") / "cifar10"))
 
 
 @pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes"])
@@ -40,5 +61,64 @@ def test_the_checkpoint_benchmark_times_epochs_without_a_checkpoint_and_with_one
     assert result.returncode == 0, result.stderr
     title, *ways, ratio = result.stdout.splitlines()
     assert title.startswith("lenet: a ") and "checkpoint after each epoch of about 0.05 s" in title
+    assert re.search(rf", torch {re.escape(torch.__version__)}, \d+ threads$", title), title
     assert [line.split()[0] for line in ways] == ["none", "in", "behind"]
     assert ways[0].endswith("+0.0% on an epoch without") and ratio.startswith("behind / in line: ")
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("dfp", ["--model", "nope"], "model 'nope': unknown"),
+        ("dfp", ["--fraction", "1.5"], "--fraction 1.5: a pruning epoch leaves out a fraction in (0, 1)"),
+        ("dfp", ["--device", "foo"], "--device foo: not a device name"),
+        pytest.param(
+            "dfp", ["--device", "cuda"], "--device cuda: CUDA is not available here",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA"),
+        ),
+        ("loader", ["--model", "nope"], "model 'nope': unknown"),
+        ("wus", ["--models", "nope"], "model 'nope': unknown"),
+        ("shapes", ["--device", "foo"], "--device foo: not a device name"),
+        ("checkpoint", ["--epochs", "1"], "--epochs 1: at least 2"),
+    ],
+)  # fmt: skip
+def test_bad_input_to_a_benchmark_is_an_error_line_and_status_2_not_a_traceback(tiny_data, script, args, message):
+    data = ["--data", tiny_data] if script in ("dfp", "loader") else []  # past the data check, to the bad input
+    result = benchmark(script, *data, *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_guards_benchmark_names_the_exit_status_of_a_process_that_died_without_a_word(monkeypatch):
+    spec = importlib.util.spec_from_file_location("guards", REPO / "benchmarks" / "guards.py")
+    guards = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guards)
+    killed = subprocess.CompletedProcess([], returncode=-9, stdout="", stderr="")  # as the OOM killer leaves it
+    monkeypatch.setattr(guards.subprocess, "run", lambda *args, **kwargs: killed)
+    monkeypatch.setattr(sys, "argv", ["guards.py", "--repeats", "1"])
+    with pytest.raises(SystemExit, match=r"^every tensor checked: the process exited with status -9$"):
+        guards.main()
+
+
+@pytest.mark.parametrize(
+    ("script", "args"), [("malloc", ["--rounds", "1", "--epochs", "1"]), ("loader", ["--repeats", "1"])]
+)
+def test_malloc_and_loader_benchmarks_state_the_torch_version_and_thread_count(tiny_data, script, args):
+    result = benchmark(script, "--data", tiny_data, *args)
+    assert result.returncode == 0, result.stderr
+    assert re.search(rf"torch {re.escape(torch.__version__)}, \d+ threads, ", result.stdout), result.stdout
+
+
+@pytest.mark.parametrize(("train_size", "prepared_again"), [(32, True), (None, False)])
+def test_gpu_ledger_prepares_cifar10_again_unless_it_holds_every_training_image(tmp_path, train_size, prepared_again):
+    """The quickstart's half would fail every run's check_prepared: gpu-ledger prepares the full set first."""
+    prepare_tiny(tmp_path / "data/prepared/cifar10", train_size)
+    (tmp_path / "src").symlink_to(REPO / "src")
+    python = tmp_path / "python"  # runs the data check, and records the stages it is asked to run
+    python.write_text(f'#!/bin/sh\ncase "$1" in -c) exec {sys.executable} "$@";; esac\necho "$1" >> stages.log\n')
+    python.chmod(0o755)
+    make = ["make", "-f", str(REPO / "Makefile"), "gpu-ledger", "STUDY=dfp", "MODEL=lenet", "METHODS=baseline"]
+    done = subprocess.run([*make, f"PYTHON={python}"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    stages = (tmp_path / "stages.log").read_text().split()
+    assert stages == ["stages/download.py"] * prepared_again + ["stages/train.py"]

@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib.util
+import re
 import subprocess
 import sys
 import textwrap
@@ -61,6 +62,7 @@ def test_quick_mode_trains_every_method_eager_and_compiled(quick_check):
         assert (infobatch[compile, "1"]["samples"], infobatch[compile, "1"]["pruned"]) == ("80", "0")
         assert int(infobatch[compile, "2"]["pruned"]) > 0
         assert int(infobatch[compile, "2"]["samples"]) + int(infobatch[compile, "2"]["pruned"]) == 80
+    assert {(r["batch"], r["device"]) for r in rows} == {("32", "cpu")}  # as the throughput table says them
     compiled = [r for r in rows if r["compile"] == "True"]
     assert int(compiled[0]["graphs"]) >= 1  # the first compiled run compiles; all compiled runs share the model
     assert all(int(r["graphs"]) <= 8 for r in compiled)
@@ -71,6 +73,7 @@ def test_quick_mode_measures_concurrent_processes_and_names_the_n_that_pays(quic
     rows = read_csv(out / "concurrency.csv")
     assert [(r["model"], r["processes"]) for r in rows] == [("lenet", "1"), ("lenet", "2")]
     assert all(float(r["images_per_s"]) > 0 for r in rows) and rows[0]["vs_one_process"] == "1.0"
+    assert [(r["batch"], r["threads"], r["device"]) for r in rows] == [("32", "1", "cpu")] * 2  # --threads 1
     pays = [r["processes"] for r in rows if r["pays"] == "True"]
     assert len(pays) == 1 and f"lenet: N = {pays[0]} pays" in printed
     assert "cuda tests: skipped" in printed
@@ -249,6 +252,7 @@ def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path,
         ("dfp", "True", "", True), ("baseline", "True", "", True),
     ]  # fmt: skip
     assert report.failures == 5
+    assert {r["device"] for r in rows} == {"cpu"}  # failed rows too
     errors = (tmp_path / "errors.log").read_text()
     assert errors.count("Traceback") == 5 and "== methods: dfp compiled" in errors and "more detail" in errors
     printed = (tmp_path / "gpu_check.txt").read_text()
@@ -265,3 +269,27 @@ def test_asking_for_cuda_without_it_is_a_one_line_error(tmp_path):
         .endswith("CUDA is not available here (--device cpu --quick checks the script)")
     )
     assert "Traceback" not in done.stderr
+
+
+def test_commands_into_one_folder_append_to_the_log_and_the_errors_each_under_its_header(tmp_path, monkeypatch):
+    """docs/gpu.md runs the sections as separate commands into one OUT: the second keeps what the first wrote."""
+    gpu_check = load_gpu_check()
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", str(tmp_path), "--sections", "throughput"])
+    first = gpu_check.Report(tmp_path)
+    first.say("throughput line")
+    first.failed("throughput: lenet compiled fp32", RuntimeError("inductor: no kernel"))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", str(tmp_path), "--sections", "methods"])
+    second = gpu_check.Report(tmp_path)
+    second.say("methods line")
+    second.failed("methods: dfp eager", ValueError("a broken method"))
+    header = r"== \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* gpu_check.py \S+ --sections "
+    log = (tmp_path / "gpu_check.txt").read_text().splitlines()
+    assert len(log) == 4 and log[1::2] == ["throughput line", "methods line"]
+    assert re.fullmatch(header + "throughput", log[0]) and re.fullmatch(header + "methods", log[2])
+    errors = (tmp_path / "errors.log").read_text()
+    assert [line for line in errors.splitlines() if line.startswith("== ")] == [
+        log[0],
+        "== throughput: lenet compiled fp32",
+        log[2],
+        "== methods: dfp eager",
+    ]
