@@ -391,6 +391,8 @@ def run_of(row: dict, recipe: dict | None = None) -> Run:
 
 
 def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outside():
+    """Verdicts, coverage, and the setting column: a per_model setting and a network unlike the paper's (WUS's VGGs
+    with BatchNorm) count as named deviations; a study recipe unlike the paper's does not count."""
     from cheaptrain.aggregate import load_published
 
     lower_lr = paper_recipe("dfp", lr=0.05, per_model={"wrn10": {"lr": 0.05}})  # a documented deviation
@@ -437,6 +439,9 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     assert len(table.rows) == 68
     wrn10 = next(r for r in table.rows if r[2] == "wrn10" and r[4] == "accuracy Δ (points)")
     assert wrn10[-2] == "lr 0.05 for wrn10 (recipes.dfp.per_model; paper: 0.1)"
+    vgg11 = next(r for r in table.rows if r[2:4] == ["vgg11", "wus"] and r[4] == "accuracy Δ (points)")
+    assert vgg11[-2] == "vgg11 batch_norm true (paper: false; docs/models.md)"  # counts, its network named
+    assert alexnet[-2] == "paper's"
     assert "**13 of 68 published claims run, 9 within tolerance** (2 within noise, 2 outside tolerance, 31 not yet " \
            "run, 24 CIFAR-100 unavailable)." in text  # fmt: skip
     assert "Ledger runs not at the paper's setting, not counted: dfp cifar10/vgg19/dfp (lr 0.05 (paper: 0.1))" in text

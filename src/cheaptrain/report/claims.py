@@ -10,6 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from cheaptrain.aggregate import BASELINE, KEY, PAPER_MEASURE, Run, config_key, row_key
+from cheaptrain.papers import network_deviations
 from cheaptrain.papers import paper_setting as paper_setting_of
 from cheaptrain.report.cells import (
     CHEAP_EPOCH_NOTE,
@@ -88,11 +89,14 @@ def published_claims(published: dict[tuple, float]) -> list[Claim]:
 
 
 def paper_setting(run: Run) -> tuple[bool, list[str]]:
-    """Whether a run counts as trained at its paper's setting (papers.paper_setting), with its model arguments named
-    as a deviation."""
+    """Whether a run counts as trained at its paper's setting (papers.paper_setting), with its model arguments and
+    where its network differs from the paper's named as deviations."""
     counted, notes = paper_setting_of(run.study, run.config.get("recipe") or {}, run.model)
-    if counted and run.config.get("model_args"):
-        notes.append(f"model arguments {run.config['model_args']}")
+    model_args = run.config.get("model_args") or {}
+    if counted and model_args:
+        notes.append(f"model arguments {model_args}")
+    if counted:
+        notes += network_deviations(run.study, run.model, model_args)
     return counted, notes
 
 
@@ -348,7 +352,8 @@ def paper_scale(
         "Tables 1 to 3), against our runs at the paper's setting: 200 epochs and the study's paper recipe, on any "
         "device, from the grid (`runs/`) or the results ledger (`ledger/`, runs kept in the repository). A setting "
         "of one network in `recipes.<study>.per_model` is a documented deviation: its runs count, and the column "
-        "setting names it.",
+        "setting names it, as it names where a network differs from the paper's (the WUS paper names BatchNorm for "
+        "ResNet-18 alone; our VGGs keep it, docs/models.md).",
         "",
         md_table(CLAIM_HEADERS, cells),
         "",
