@@ -29,6 +29,7 @@ from cheaptrain.aggregate import (
     summarize,
     summary_csv,
 )
+from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
 from cheaptrain.report.equal_cost import cost_table, implementation_of
 from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, saving_figure
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
@@ -743,6 +744,22 @@ def test_quick_aggregate_mlflow_run_has_tables_figures_and_run_links(quick):
 
 @pytest.mark.e2e
 def test_quick_gate_stage_ran_and_passed(quick):
-    outcome = json.loads((quick / "results" / "check.json").read_text())
-    assert outcome["passed"] is True and outcome["violations"] == 0 and outcome["checks"] >= 1
+    from mlflow import MlflowClient
+
     assert "Running stage 'check'" in (quick / "quick.log").read_text()
+    outcome = json.loads((quick / "results" / "check.json").read_text())
+    client = MlflowClient(f"sqlite:///{quick / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("check").experiment_id])
+    logged = json.loads(Path(client.download_artifacts(run.info.run_id, "checks.json")).read_text())
+    checks = [dict(zip(logged["columns"], row, strict=True)) for row in logged["data"]]  # every check, as printed
+    skipped = [c for c in checks if c["status"] == "skip"]
+    counts = {"checks": len(checks) - len(skipped), "violations": 0, "not_checked": len(skipped)}
+    assert outcome == {"passed": True} | counts
+    # the reference comparison ran and passed for every configuration of the grid: a stale reference (another
+    # recipe, epochs or accuracy measure) makes each a skip, which the counts above would not show
+    configs = {f"{study} {'/'.join(name.split('-')[:3])}" for study, name, _ in grid(quick)}
+    against_reference = {c["config"]: c["status"] for c in checks if "the reference's" in c["check"]}
+    assert against_reference == dict.fromkeys(configs, "pass")
+    # not checked: the wall-clock thresholds (check.wall_clock: report) and the ledger's own rows, nothing else
+    wall_clock = {f"{key}: {NOT_GATED}" for key in WALL_CLOCK_GATES}
+    assert {c["check"] for c in skipped} - {LEDGER_ONLY} == wall_clock

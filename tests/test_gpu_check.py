@@ -196,7 +196,7 @@ def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path
     tests = cuda_test_file(
         folder,
         """
-        import time
+        import threading
 
         @pytest.mark.cuda
         def test_quick():
@@ -204,14 +204,14 @@ def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path
 
         @pytest.mark.cuda
         def test_stuck():
-            time.sleep(600)
+            threading.Event().wait()  # forever
         """,
     )
-    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 10)
+    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 30)  # ample for a child pytest to start on busy cores
     report = gpu_check.Report(out)
     assert gpu_check.cuda_tests(report, torch.device("cuda"), tests=str(tests)) is False
     assert "test_quick PASSED" in (out / "cuda_tests.log").read_text()
-    assert "cuda tests: FAILED: still running after 10 s" in (out / "gpu_check.txt").read_text()
+    assert "cuda tests: FAILED: still running after 30 s" in (out / "gpu_check.txt").read_text()
 
 
 def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path, monkeypatch):

@@ -138,35 +138,53 @@ def test_a_detached_session_that_fails_says_why_in_the_command_that_started_it(r
 
 def test_collect_packs_each_run_as_it_ends_and_returns_at_its_deadline_with_runs_training(repo):
     """The lease's last command may be cut short: what has ended is in OUT from the first seconds, and again as each
-    run ends; at --minutes it returns, the runs still training named."""
+    run ends; at --minutes it returns, the runs still training named. The waits end as the runs do, not by a clock:
+    the waiting collect has minutes to spare, the one that meets its deadline has none."""
     sleeping = [subprocess.Popen(["sleep", "600"], start_new_session=True) for _ in range(2)]
     try:
         (repo / "gpu-session").mkdir()
         state = [{"run": f"dfp:lenet:{method}:0", "pid": p.pid, "epochs": 2, "estimate_s": 60}
                  for method, p in zip(("baseline", "dfp"), sleeping, strict=True)]  # fmt: skip
         (repo / "gpu-session/state.json").write_text(json.dumps(state))
-        command = [sys.executable, str(SCRIPT), "out", "--device", "cpu", "--collect", "--minutes", "0.5"]
+        command = [sys.executable, str(SCRIPT), "out", "--device", "cpu", "--collect", "--minutes", "10"]
         collect = subprocess.Popen(command, cwd=repo, stdout=subprocess.PIPE, text=True)
         ledger = repo / "out/ledger.tar.gz"
         wait_for(lambda: ledger.is_file() and members(ledger) == set())
-        entry = repo / "ledger/dfp/cifar10-lenet-baseline-s0"
-        entry.mkdir(parents=True)
-        (entry / "metrics.json").write_text("{}")  # the baseline ends
-        sleeping[0].kill()
+        end_run(repo, "baseline", sleeping[0])
         wait_for(lambda: members(ledger) == {"ledger/dfp/cifar10-lenet-baseline-s0/metrics.json"})
         assert collect.poll() is None  # packed while it waits for the other run
+
+        deadline = [sys.executable, str(SCRIPT), "out-deadline", "--device", "cpu", "--collect", "--minutes", "0.01"]
+        met = subprocess.run(deadline, cwd=repo, capture_output=True, text=True, timeout=120)
+        assert met.returncode == 0, met.stdout + met.stderr
+        assert "dfp/cifar10-lenet-baseline-s0: ended" in met.stdout
+        assert "dfp/cifar10-lenet-dfp-s0: training" in met.stdout
+        assert members(repo / "out-deadline/ledger.tar.gz") == {"ledger/dfp/cifar10-lenet-baseline-s0/metrics.json"}
+        assert collect.poll() is None  # the other still waits
+
+        end_run(repo, "dfp", sleeping[1])
         out, _ = collect.communicate(timeout=120)
         assert collect.returncode == 0, out
-        assert "dfp/cifar10-lenet-baseline-s0: ended" in out and "dfp/cifar10-lenet-dfp-s0: training" in out
+        for method in ("baseline", "dfp"):
+            assert f"dfp/cifar10-lenet-{method}-s0: ended at epoch" in out
+        assert members(ledger) == {f"ledger/dfp/cifar10-lenet-{m}-s0/metrics.json" for m in ("baseline", "dfp")}
     finally:
         for p in sleeping:
             p.kill()
 
 
-def wait_for(condition, seconds: float = 60) -> None:
+def end_run(repo: Path, method: str, process: subprocess.Popen) -> None:
+    """A run of `collect`'s state ends: its ledger entry, then its process gone."""
+    entry = repo / f"ledger/dfp/cifar10-lenet-{method}-s0"
+    entry.mkdir(parents=True)
+    (entry / "metrics.json").write_text("{}")
+    process.kill()
+
+
+def wait_for(condition, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, "not within a minute"
+        assert time.monotonic() < deadline, f"not within {seconds} s"
         time.sleep(0.2)
 
 

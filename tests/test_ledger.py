@@ -21,7 +21,7 @@ from cheaptrain.aggregate import ledger_runs
 from cheaptrain.data import load_split
 from cheaptrain.papers import PAPERS
 from cheaptrain.prepare import write_prepared
-from cheaptrain.runner import code_version, train_run
+from cheaptrain.runner import code_version, fit, train_run
 
 from conftest import REPO, small_config, synthetic_split
 
@@ -99,17 +99,21 @@ def test_a_matching_entry_is_reused_without_training(repo, monkeypatch):
         ({"seed": 8}, "seed: 7 in the entry, 8 now"),
     ],
 )
-def test_an_entry_trained_differently_is_named_not_reused_nor_retrained(repo, change, named):
+def test_an_entry_trained_differently_is_named_not_reused_nor_retrained(repo, monkeypatch, change, named):
     train_run(config())
+    entry = repo / "ledger/dfp/cifar10-lenet-baseline-s7"
+    recorded = (entry / "run.json").read_text()
     cfg = config()
     if "recipe" in change:
         cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, nesterov=True))
     else:  # the same run name (another entry would be looked up), another seed inside
         cfg = dataclasses.replace(cfg, **change)
-        (repo / "ledger/dfp/cifar10-lenet-baseline-s7").rename(repo / "ledger/dfp/cifar10-lenet-baseline-s8")
+        entry = entry.rename(repo / "ledger/dfp/cifar10-lenet-baseline-s8")
+    monkeypatch.setattr("cheaptrain.runner.fit", lambda *a, **k: pytest.fail("trained again"))
     with pytest.raises(UserError) as info:
-        ledger.find(cfg, code_version("baseline"))
+        train_run(cfg)
     assert named in str(info.value) and "train.ledger: retrain" in str(info.value)
+    assert (entry / "run.json").read_text() == recorded
 
 
 def test_other_training_code_is_named(repo):
@@ -130,12 +134,21 @@ def test_a_run_not_at_its_papers_setting_is_neither_recorded_nor_matched(repo, c
     assert ledger.find(other, code_version("baseline")) is None  # its entry is not this run's, nor a mismatch
 
 
-def test_retrain_replaces_the_entry(repo):
+def test_retrain_replaces_the_entry(repo, monkeypatch):
     train_run(config())
-    before = ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-baseline-s7").info["finished_at"]
+    before = ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-baseline-s7").info["mlflow_run_id"]
+    fits = []
+
+    def counted(*args, **kwargs):
+        fits.append(args[0])
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr("cheaptrain.runner.fit", counted)
     train_run(config(ledger="retrain"))
-    assert len(ledger.entries()) == 1
-    assert ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-baseline-s7").info["finished_at"] >= before
+    assert len(fits) == 1  # trained again, the entry not reused
+    (entry,) = ledger.entries()
+    assert entry.path == repo / "ledger/dfp/cifar10-lenet-baseline-s7"
+    assert entry.info["mlflow_run_id"] not in ("", before)  # the new run's
 
 
 def test_without_mlflow_an_entry_is_written_and_imported_once_later(repo):

@@ -33,7 +33,7 @@ from cheaptrain.runner import checkpoint_path, train_run
 from cheaptrain.tracking import RunTracker
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
 
-from conftest import BIN, REPO, copy_repo, read_csv, run_in, synthetic_split
+from conftest import BIN, REPO, REQUIRE_DATA, copy_repo, read_csv, require_archive, run_in, synthetic_split
 
 EPOCHS = 6
 NAME = "cifar10-lenet-stateful-s0"
@@ -682,9 +682,16 @@ def other_web_server():
 )
 def test_an_unusable_tracking_store_fails_at_start_before_any_training(workdir, monkeypatch, uri, expected, request):
     if "read-only" in uri:
-        if os.geteuid() == 0:
-            pytest.skip("root writes to read-only folders")
-        (workdir / "read-only").mkdir(mode=0o500)
+        (read_only := workdir / "read-only").mkdir(mode=0o500)
+        if os.geteuid() == 0:  # root writes past the mode bits: the store's check gets the answer any other user gets
+            real_access = os.access
+
+            def access(path, mode: int, **kwargs) -> bool:
+                if path == read_only:  # the check passes a Path
+                    return not mode & os.W_OK and real_access(path, mode, **kwargs)
+                return real_access(path, mode, **kwargs)
+
+            monkeypatch.setattr(os, "access", access)
     (workdir / "a-file").write_text("")
     server = request.getfixturevalue("other_web_server") if "{server}" in uri else ""
     uri = uri.format(port=closed_port(), server=server, tmp=workdir)
@@ -859,6 +866,21 @@ def test_the_download_stage_fails_in_one_paragraph_leaves_nothing_and_a_retry_su
     assert not (tmp_path / "data").exists()
     archive.write_bytes(good)
     assert "cifar10: train 30, test 20 images" in run_in(tmp_path, *stage, env=env).stdout
+
+
+# --- the shared CIFAR-10 archive of the end-to-end tests ---------------------------------------------------
+
+
+@pytest.mark.parametrize("required", ["", "1"])
+def test_a_missing_shared_archive_skips_the_tests_on_it_or_fails_them_where_ci_requires_it(
+    tmp_path, monkeypatch, required
+):
+    monkeypatch.setenv(REQUIRE_DATA, required)
+    outcome = pytest.fail.Exception if required else pytest.skip.Exception
+    with pytest.raises(outcome, match="the shared CIFAR-10 archive is not at"):
+        require_archive(tmp_path / "cifar10-jpg.tar.gz")
+    (archive := tmp_path / "cifar10-jpg.tar.gz").write_bytes(b"")
+    assert require_archive(archive) == archive
 
 
 # --- the code a checkpoint depends on ----------------------------------------------------------------------
