@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -125,10 +126,76 @@ def test_an_entry_whose_cpu_used_other_vector_instructions_is_replayed_with_a_ca
                          f"{here}): a CPU of the same name with others may round differently")  # fmt: skip
 
 
-def test_other_data_is_refused_before_any_training(repo):
+def edit_run_json(path: Path, **changes) -> dict:
+    """Rewrite an entry's run.json with `changes` (as another machine or checkout wrote it); returns the original."""
+    info = json.loads((path / "run.json").read_text())
+    (path / "run.json").write_text(json.dumps(info | changes))
+    return info
+
+
+PREPARE = (
+    "`CIFAR10_SOURCE=../shared/datasets/cifar10-jpg.tar.gz python stages/download.py --dataset cifar10 --no-mlflow`"
+)
+
+
+def test_other_data_is_refused_before_any_training_with_the_command_for_the_entries_data(repo):
+    """The message says both digests and the command that prepares the data the ledger's entries trained on (not
+    `dvc repro download`: params.yaml's torchvision source gives other pixels, and it prepares CIFAR-100 too)."""
+    digest = ledger.read_entry(entry(repo, "baseline")).info["data_digest"]
     write_prepared_data(repo, seed=5)
-    with pytest.raises(UserError, match=r"trained on prepared data \w+, .*data/prepared/cifar10 holds \w+"):
+    with pytest.raises(UserError) as error:
         replay.replay(ledger.read_entry(entry(repo, "baseline")))
+    assert str(error.value).startswith(f"{entry(repo, 'baseline')}: trained on prepared data {digest}, ")
+    assert str(error.value).endswith(f" holds {replay.prepared_digest(repo / 'data/prepared/cifar10')}: run "
+                                     f"{PREPARE} for the data the ledger's entries trained on")  # fmt: skip
+
+
+def test_missing_or_incomplete_prepared_data_is_a_clear_error(repo):
+    (repo / "data/prepared/cifar10/train.npz").unlink()
+    with pytest.raises(UserError, match=r"data/prepared/cifar10 is incomplete \(No such file or directory: .*train\.npz"
+                       rf"\): run {re.escape(PREPARE)}$"):  # fmt: skip
+        replay.replay(ledger.read_entry(entry(repo, "baseline")))
+    (repo / "data/prepared/cifar10/manifest.json").unlink()
+    with pytest.raises(UserError, match=rf"no prepared cifar10 in .*: run {re.escape(PREPARE)} first$"):
+        replay.replay(ledger.read_entry(entry(repo, "baseline")))
+
+
+def test_an_entry_trained_on_a_gpu_is_not_replayed_on_the_cpu(repo, capsys):
+    """A GPU's (compiled) epochs cannot be reproduced on a CPU, and a compiled ResNet-18 would train there for hours:
+    `--stale` lists such an entry as not replayable here and replays the others; named, it is an error."""
+    gpu = "NVIDIA H100 80GB HBM3"
+    edit_run_json(entry(repo, "baseline"), device=gpu, code_version="0123456789abcdef")
+    edit_run_json(entry(repo, "random_prune"), code_version="0123456789abcdef")
+    replay.main(["--stale"])
+    captured = capsys.readouterr()
+    assert "2 entries trained by another code version than this checkout's" in captured.err
+    lines = captured.out.splitlines()
+    assert lines[0] == f"dfp/cifar10-lenet-baseline-s7: not replayable here, trained on {gpu} (the replay trains on " \
+                       "the CPU)"  # fmt: skip
+    assert "dfp/cifar10-lenet-random_prune-s7 (code 0123456789abcdef -> " in lines[1]
+    assert lines[2] == "1 of 1 entries replayed identically with this checkout's code"
+    with pytest.raises(UserError, match=rf"baseline-s7: trained on {gpu}; the replay trains on the CPU only, which "
+                       "cannot reproduce it$"):  # fmt: skip
+        replay.main([str(entry(repo, "baseline"))])
+
+
+def test_an_entry_of_a_method_this_checkout_lacks_is_a_clear_error(repo):
+    """Named or found by `--stale`, one message: the entry and its method (not a KeyError, exit 1 as for "differs")."""
+    info = json.loads((entry(repo, "baseline") / "run.json").read_text())
+    edit_run_json(entry(repo, "baseline"), config=info["config"] | {"method": "gone"}, code_version="0123456789abcdef")
+    message = r"ledger/dfp/cifar10-lenet-baseline-s7: method 'gone' is unknown to this checkout \(it has .*baseline"
+    with pytest.raises(UserError, match=message):
+        replay.main(["--stale"])
+    with pytest.raises(UserError, match=message):
+        replay.main([str(entry(repo, "baseline"))])
+
+
+def test_an_entry_of_another_torch_version_is_replayed_with_a_caveat(repo, capsys):
+    edit_run_json(entry(repo, "baseline"), torch_version="2.0.0+cpu")
+    replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith(f"identical; recorded with torch 2.0.0+cpu, replayed with {torch.__version__}: it may "
+                         "compute differently")  # fmt: skip
 
 
 def test_the_replay_runs_through_the_second_epoch_in_which_the_method_acted():

@@ -4,18 +4,21 @@ The ledger keeps entries trained by earlier versions of the training code (run.j
 and the report counts them beside newer ones. The version changes with any edit of a file the training imports, so
 it cannot say whether an edit changed results; a replay can. On a CPU with the entry's thread count, training is
 deterministic: code that trains the same reproduces the recorded epochs digit for digit (history.csv writes floats
-exactly). Every column that is not a time is compared: losses, accuracies, learning rate, samples, FLOPs, and a
-method's own counts and phases. By default the replay runs through the second epoch in which the method acted (DFP
-pruned, WUS skipped), so that its choices are compared too; a change that acts only later needs `--epochs`.
+exactly). Every column but the times and the thread count (the machine's) is compared: losses, accuracies,
+learning rate, samples, FLOPs, and a method's own counts and phases. By default the replay runs through the second
+epoch in which the method acted (DFP pruned, WUS skipped), so that its choices are compared too; a change that acts
+only later needs `--epochs`.
 Nothing is written: no checkpoint, no ledger entry, no MLflow run.
 
     python -m cheaptrain.replay ledger/wus/cifar10-lenet-wus-s0 --epochs 3
     python -m cheaptrain.replay --stale     # every entry trained by another code version than this checkout's
 
-It exits with status 1 when an epoch differs. A replay needs the entry's prepared data (`data/prepared/<dataset>`,
-the same digest) and, to be exact, its kind of CPU and thread count (another CPU may take other vector code paths,
-which round differently from the first epoch on; two CPUs of one name may too, so run.json records the vector
-instructions torch's kernels used, `cpu_capability`): on another it says so and still compares.
+It exits with status 1 when an epoch differs. The replay trains on the CPU: an entry trained on a GPU cannot be
+replayed (`--stale` lists it as not replayable here, named it is an error). A replay needs the entry's prepared data
+(`data/prepared/<dataset>`, the same digest) and, to be exact, its kind of CPU, thread count and torch version (another
+CPU may take other vector code paths, which round differently from the first epoch on; two CPUs of one name may too,
+so run.json records the vector instructions torch's kernels used, `cpu_capability`): on another it says so and still
+compares.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from cheaptrain import UserError, run_main
 from cheaptrain.config import Recipe, RunConfig
 from cheaptrain.data import load_split, prepared_digest
 from cheaptrain.ledger import Entry, entries, read_entry
-from cheaptrain.methods import create_method
+from cheaptrain.methods import METHODS, create_method, implementation
 from cheaptrain.runner import run_code_version
 from cheaptrain.tracking import device_name, project_root
 from cheaptrain.trainer import prepare, run_epoch
 
 ACTS = ("pruned_samples", "phase")  # a method acted in an epoch where one is above 0: DFP pruned, WUS skipped
+ARCHIVES = {"cifar10": "../shared/datasets/cifar10-jpg.tar.gz"}  # the JPEG archive the ledger's entries trained on
 
 
 def timing(column: str) -> bool:
@@ -84,6 +88,25 @@ def entry_config(entry: Entry) -> RunConfig:
     return RunConfig(recipe=Recipe(**recipe), **config)
 
 
+def code_now(entry: Entry, cfg: RunConfig) -> str:
+    """This checkout's code version of the entry's method; a UserError names a method this checkout lacks."""
+    if (method := implementation(cfg.method, cfg.method_args)) not in METHODS:
+        raise UserError(f"{entry.path}: method {method!r} is unknown to this checkout (it has {', '.join(METHODS)})")
+    return run_code_version(cfg)
+
+
+def gpu_device(entry: Entry) -> str | None:
+    """The GPU the entry trained on; None for a CPU."""
+    device = str(entry.info.get("device", "cpu"))
+    return None if device.startswith("cpu") else device
+
+
+def prepare_command(dataset: str) -> str:
+    """The command that prepares `dataset` as the ledger's entries were trained on it."""
+    source = f"{dataset.upper()}_SOURCE={ARCHIVES[dataset]} " if dataset in ARCHIVES else ""
+    return f"`{source}python stages/download.py --dataset {dataset} --no-mlflow`"
+
+
 def first_difference(recorded: list[dict[str, float]], replayed: list[dict[str, Any]]) -> str | None:
     """The first epoch and column where the replayed history differs from the recorded one, in words."""
     for old, new in zip(recorded, replayed, strict=False):
@@ -103,18 +126,24 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
     """Train the entry's first `epochs` epochs (default_epochs) with this checkout's code and compare them with its
     history."""
     cfg = entry_config(entry)
-    data_dir = project_root() / cfg.data_dir
+    code = code_now(entry, cfg)
+    if gpu := gpu_device(entry):
+        raise UserError(f"{entry.path}: trained on {gpu}; the replay trains on the CPU only, which cannot reproduce it")
+    data_dir, command = project_root() / cfg.data_dir, prepare_command(cfg.dataset)
     if not (data_dir / "manifest.json").is_file():
-        raise UserError(f"{entry.path}: no prepared {cfg.dataset} in {data_dir}: run `dvc repro download` first")
-    caveats = []
-    if (digest := prepared_digest(data_dir)) != entry.info.get("data_digest"):
+        raise UserError(f"{entry.path}: no prepared {cfg.dataset} in {data_dir}: run {command} first")
+    try:
+        digest = prepared_digest(data_dir)
+    except OSError as e:
+        raise UserError(f"{entry.path}: {data_dir} is incomplete ({e.strerror}: {e.filename}): run {command}") from e
+    if digest != entry.info.get("data_digest"):
         raise UserError(
-            f"{entry.path}: trained on prepared data {entry.info.get('data_digest')}, {data_dir} holds {digest}"
+            f"{entry.path}: trained on prepared data {entry.info.get('data_digest')}, {data_dir} holds {digest}: "
+            f"run {command} for the data the ledger's entries trained on"
         )
+    caveats = []
     recorded, here = str(entry.info.get("device", "cpu")), device_name("cpu")
-    if not recorded.startswith("cpu"):
-        caveats.append(f"recorded on {recorded}, replayed on this CPU: not expected to be exact")
-    elif recorded.rsplit(" x", 1)[0] != here.rsplit(" x", 1)[0]:  # the model, not the core count
+    if recorded.rsplit(" x", 1)[0] != here.rsplit(" x", 1)[0]:  # the model, not the core count
         caveats.append(f"recorded on {recorded}, replayed on {here}: another kind of CPU may round differently")
     elif (isa := entry.info.get("cpu_capability")) != (isa_here := torch.backends.cpu.get_cpu_capability()):
         caveats.append(
@@ -125,6 +154,8 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
         )
     if len(threads := entry.info.get("threads") or []) > 1:
         caveats.append(f"recorded on {threads} threads, replayed on {threads[0]}")
+    if (version := entry.info.get("torch_version")) != torch.__version__:
+        caveats.append(f"recorded with torch {version}, replayed with {torch.__version__}: it may compute differently")
     epochs = min(epochs or default_epochs(entry.history), len(entry.history))
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.threads))
@@ -135,7 +166,7 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
     finally:
         torch.set_num_threads(previous_threads)
     difference = first_difference(entry.history[:epochs], history)
-    return Replay(entry, epochs, run_code_version(cfg), caveats, difference)
+    return Replay(entry, epochs, code, caveats, difference)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,8 +184,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("name entry folders or pass --stale, not both, not neither")
     chosen = [read_entry(path) for path in args.entries]
     if args.stale:
-        chosen = [e for e in entries() if e.info.get("code_version") != run_code_version(entry_config(e))]
+        chosen = [e for e in entries() if e.info.get("code_version") != code_now(e, entry_config(e))]
         print(f"{len(chosen)} entries trained by another code version than this checkout's", file=sys.stderr)
+        for entry in [e for e in chosen if gpu_device(e)]:
+            print(f"{entry.study}/{entry.name}: not replayable here, trained on {gpu_device(entry)} (the replay "
+                  "trains on the CPU)")  # fmt: skip
+        chosen = [e for e in chosen if not gpu_device(e)]
     results = []
     for entry in tqdm(chosen, desc="replaying", unit="entry", disable=None if len(chosen) > 1 else True):
         results.append(replay(entry, args.epochs))
