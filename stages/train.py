@@ -3,10 +3,13 @@
 Reads params sections `train`, `recipes.<study>` and `methods.<method>`; writes runs/<study>/<run name>/.
 Checks every run of `grid` first (params, and what only a run tells: the training-set size, the model's layers, the
 schedule over its epochs), so that a mistake anywhere fails in seconds, not hours into `dvc repro`; `--check` does
-only that. An interrupted run resumes from its checkpoint when run again. `--no-mlflow` trains without tracking
-(a machine without MLflow does so by itself): the outputs and, with `train.ledger: record`, the ledger entry are
-written all the same. `-S KEY=VALUE` sets a params value for this command only, as `dvc exp run -S` does (the
-value read as YAML), for a machine without DVC: e.g. `-S train.compile=true -S recipes.wus.epochs=50`.
+only that and, with `train.ledger: record`, looks up every run's ledger entry: it exits 1 naming each run whose entry
+was trained differently, which would stop its stage. An interrupted run resumes from its checkpoint when run again.
+`--no-mlflow` trains without tracking (a machine without MLflow does so by itself): the outputs and, with
+`train.ledger: record`, the ledger entry are written all the same. `-S KEY=VALUE` sets a params value for this command
+only, as `dvc exp run -S` does (the value read as YAML), for a machine without DVC: e.g. `-S train.compile=true
+-S recipes.wus.epochs=50`; its sections must exist, but for a model's recipe settings or arguments and a method's
+section (NEW_SECTIONS).
 With params `train.processes: N` (N > 1) the stage starts itself again under torchrun, N processes on this machine
 training one run data-parallel; `torchrun --nproc_per_node N stages/train.py ...` does the same directly (across
 machines too: torchrun's --nnodes and --rdzv options).
@@ -30,27 +33,93 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from cheaptrain import UserError, run_main
 from cheaptrain.config import read_yaml
 
+# where -S may create a mapping that params lack ("*": any name): a model's recipe settings or arguments, a method's
+# section (a named configuration needs `method:` too); anywhere else a missing one is a mistyped key
+NEW_SECTIONS = [
+    ("recipes", "*", "per_model"),
+    ("recipes", "*", "per_model", "*"),
+    ("recipes", "*", "model_args"),
+    ("recipes", "*", "model_args", "*"),
+    ("methods", "*"),
+]
+
+
+def may_create(path: list[str]) -> bool:
+    return any(len(p) == len(path) and all(a in ("*", b) for a, b in zip(p, path, strict=True)) for p in NEW_SECTIONS)
+
 
 def set_params(params: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
-    """Apply each `a.b.c=value` to `params` in place (the value read as YAML, as DVC reads -S); the params'
-    validation then names a key that does not exist."""
+    """Apply each `a.b.c=value` to `params` in place (the value read as YAML, as DVC reads -S). The top-level section
+    and every section on the way must exist, but for those NEW_SECTIONS names; the params' validation then names a
+    setting that does not exist."""
+    created: set[str] = set()  # methods.<name> sections made here
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         path = key.strip().split(".")
         if not sep or not all(path):
             raise UserError(f"-S {assignment!r}: expected KEY=VALUE with a dotted key, e.g. -S train.compile=true")
+        if path[0] not in params:
+            raise UserError(f"-S {assignment!r}: params has no section {path[0]} (its sections: {', '.join(params)})")
         try:
             value = read_yaml(text)
         except yaml.YAMLError as e:
-            raise UserError(f"-S {assignment!r}: the value is not valid YAML: {e}") from e
+            raise UserError(f"-S {assignment!r}: the value is not valid YAML: {' '.join(str(e).split())}") from e
         section = params
         for depth, name in enumerate(path[:-1]):
-            section = section.setdefault(name, {})
+            where = ".".join(path[: depth + 1])
+            if name not in section:
+                if not may_create(path[: depth + 1]):
+                    held = ", ".join(map(str, section)) or "nothing"
+                    raise UserError(
+                        f"-S {assignment!r}: params has no {where} ({'.'.join(path[:depth])} holds: {held})"
+                    )
+                if path[0] == "methods":
+                    created.add(where)
+                section[name] = {}
+            elif section[name] is None:  # `dfp:` with nothing after it: the defaults
+                section[name] = {}
+            section = section[name]
             if not isinstance(section, dict):
-                where = ".".join(path[: depth + 1])
                 raise UserError(f"-S {assignment!r}: {where} is {section!r}, not a section of settings")
         section[path[-1]] = value
+    check_new_methods(params, created)
     return params
+
+
+def check_new_methods(params: dict[str, Any], created: set[str]) -> None:
+    """A methods.<name> section made by -S is a registered method's or a named configuration's (with `method:`)."""
+    if not created:
+        return
+    from cheaptrain.methods import METHODS  # late: methods import torch
+
+    for where in sorted(created):
+        name = where.split(".", 1)[1]
+        if name not in METHODS and "method" not in params["methods"][name]:
+            raise UserError(
+                f"-S: params has no {where}, and {name} is no method (accepted: {', '.join(METHODS)}); a new named "
+                f"configuration sets its method too, e.g. -S {where}.method=dfp"
+            )
+
+
+def ledger_stops(params: dict[str, Any]) -> list[str]:
+    """With `train.ledger: record`, look up each grid run's ledger entry as its train stage does (ledger.find): print
+    how many reuse theirs, and return one line per run whose entry, trained differently, would stop it."""
+    from cheaptrain import ledger
+    from cheaptrain.aggregate import grid_runs
+    from cheaptrain.config import resolve_run
+    from cheaptrain.runner import run_code_version
+
+    runs, reused, stops = list(grid_runs(params)), 0, []
+    for run in runs:
+        cfg = resolve_run(params, *run)
+        try:
+            reused += ledger.find(cfg, run_code_version(cfg)) is not None
+        except UserError as e:  # its differences, one line
+            found = [line.removeprefix("  - ") for line in str(e).splitlines() if line.startswith("  - ")]
+            stops.append(f"{cfg.study}/{cfg.name}: {'; '.join(found) or e}")
+    print(f"ledger: {reused} of {len(runs)} runs reuse their ledger entry, {len(runs) - reused - len(stops)} train, "
+          f"{len(stops)} would stop at theirs")  # fmt: skip
+    return stops
 
 
 def main() -> None:
@@ -63,7 +132,9 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, help="random seed of the run")
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
-    parser.add_argument("--check", action="store_true", help="only check every run of the grid, then exit")
+    parser.add_argument(
+        "--check", action="store_true", help="only check every run of the grid (and ledger entries), then exit"
+    )
     parser.add_argument("--no-mlflow", action="store_true", help="train without logging to MLflow")
     parser.add_argument(
         "-S", "--set", action="append", default=[], metavar="KEY=VALUE", dest="assignments",
@@ -75,20 +146,34 @@ def main() -> None:
     args = parser.parse_args()
     run = (args.study, args.dataset, args.model, args.method, args.seed)
     if args.running:
+        from cheaptrain.config import load_params, train_settings
         from cheaptrain.runner import runs_under_way
 
-        lines = runs_under_way()
+        device = "auto"  # the params' train.device where there are params: a checkpoint of another device restarts
+        if Path(args.params).is_file() or args.assignments:
+            device = train_settings(set_params(load_params(args.params), args.assignments))[0].get("device", "auto")
+        lines = runs_under_way(device)
         print("\n".join(lines) if lines else "no run under way (no checkpoint in checkpoints/)")
         return
     if not args.check and None in run:
         parser.error("--study, --dataset, --model, --method and --seed are required (unless --check or --running)")
 
-    from cheaptrain.config import check_prepared, load_params, resolve_run, validate_grid
+    from cheaptrain.config import check_prepared, load_params, resolve_run, train_settings, validate_grid
 
     params = set_params(load_params(args.params), args.assignments)
     validate_grid(params)
     if args.check:
         print(f"{args.params}{' with -S' if args.assignments else ''}: every run of the grid has valid params")
+        if train_settings(params)[0]["ledger"] == "record" and (stops := ledger_stops(params)):
+            listed = "\n".join(f"  - {line}" for line in stops)
+            print(
+                f"error: {len(stops)} runs of the grid have a ledger entry trained differently, which stops their "
+                f"train stage:\n{listed}\nRetrain them and replace the entries (-S train.ledger=retrain, or `dvc exp "
+                "run -S train.ledger=retrain`); for other training code, `python -m cheaptrain.replay --stale` first "
+                "shows whether this code trains them the same.",
+                file=sys.stderr,
+            )
+            sys.exit(1)
         return
     # torch is imported only now: a mistake in the params fails in a fraction of a second, not after its import
     from cheaptrain.distributed import from_environment, stop

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import http.server
+import importlib.util
 import io
 import json
 import os
@@ -355,29 +356,45 @@ def test_a_run_without_a_terminal_logs_a_line_per_epoch_and_its_resume_goes_on_f
 
 def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_them_now(workdir, monkeypatch):
     """`python stages/train.py --running`: a run killed after epoch 3 is stopped until its command runs again, unless
-    other training code wrote its checkpoint."""
+    other training code, other prepared data or another kind of device wrote its checkpoint."""
     stage = [sys.executable, str(REPO / "stages" / "train.py"), "--running"]
     done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
     assert done.stdout == "no run under way (no checkpoint in checkpoints/)\n"
     crash_at_log_of(3, monkeypatch)
-    (line,) = runner.runs_under_way()
+    (line,) = runner.runs_under_way("cpu")  # params train.device, as the stage passes it
     acc = torch.load(checkpoint_path(config()), weights_only=False)["history"][-1]["test_acc"]
     assert re.fullmatch(rf"dfp/{NAME}: epoch 3/{EPOCHS}, test acc {acc:.2f}%, written \d{{4}}-\d\d-\d\d \d\d:\d\d UTC, "
                         "stopped: the command that started it resumes it", line)  # fmt: skip
+    head = line.split(", stopped")[0]
     with open(checkpoint_path(config()).with_suffix(".lock")) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as the training process holds it
         done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
-    assert done.stdout == f"{line.split(', stopped')[0]}, training now\n"
-    state = torch.load(checkpoint_path(config()), weights_only=False)
-    state["identity"]["code"] = "0123456789abcdef"  # as an earlier version of trainer.py wrote it
+    assert done.stdout == f"{head}, training now\n"
     written = checkpoint_path(config()).stat()
-    torch.save(state, checkpoint_path(config()))
-    os.utime(checkpoint_path(config()), ns=(written.st_atime_ns, written.st_mtime_ns))  # written then, not now
-    (older,) = runner.runs_under_way()
-    assert older == f"{line.split(', stopped')[0]}, stopped, written by other training code: this checkout's command " \
-                    "trains the run afresh"  # fmt: skip
+
+    def rewrite(**identity: str) -> None:
+        state = torch.load(checkpoint_path(config()), weights_only=False)
+        torch.save(state | {"identity": state["identity"] | identity}, checkpoint_path(config()))
+        os.utime(checkpoint_path(config()), ns=(written.st_atime_ns, written.st_mtime_ns))  # written then, not now
+
+    afresh = f"{head}, stopped, would start afresh: it was written with different"
+    (workdir / "params.yaml").write_text(yaml.safe_dump(small_params()))  # train.device: cpu
+    done = subprocess.run([*stage, "-S", "train.device=cuda"], capture_output=True, text=True, cwd=workdir, check=True)
+    assert done.stdout == f"{afresh} device than here\n"
+    rewrite(data="0123456789abcdef")  # from data prepared otherwise than data/prepared/cifar10's
+    assert runner.runs_under_way("cpu") == [f"{afresh} prepared data than here"]
+    assert runner.runs_under_way("cuda:0") == [f"{afresh} prepared data and device than here"]
+    rewrite(code="0123456789abcdef")  # as an earlier version of trainer.py wrote it
+    (older,) = runner.runs_under_way("cpu")
+    assert older == f"{head}, stopped, written by other training code: this checkout's command trains the run afresh"
+    with monkeypatch.context() as patch:  # the run finished (or discarded it) between the listing and the read
+        patch.setattr(runner, "read_checkpoint", lambda path, expected: (None, None))
+        assert runner.runs_under_way("cpu") == [
+            f"dfp/{NAME}: its checkpoint {checkpoint_path(config())} vanished while listed: its run finished or "
+            "started afresh"
+        ]
     train_run(config())  # started afresh and finished: its checkpoint goes
-    assert runner.runs_under_way() == []
+    assert runner.runs_under_way("cpu") == []
 
 
 def test_an_epoch_line_shows_what_the_method_left_out_and_the_time_left_at_the_recent_pace():
@@ -585,6 +602,24 @@ def test_an_unusable_checkpoint_is_discarded_with_a_warning_and_the_run_starts_a
         assert reason in client.get_run(stale_run).data.tags["abandoned"]
 
 
+def test_a_probe_of_the_lock_leaves_a_starting_run_its_checkpoint(tmp_path):
+    """`--running` and every `threads: auto` training probe each lock (a shared lock, for an instant): a run starting
+    meanwhile waits it out and owns its checkpoint; a lock held on, by a process training the run, it does not get."""
+    lock_path = tmp_path / "run.lock"
+    lock_path.touch()
+    with open(lock_path) as probe:
+        fcntl.flock(probe, fcntl.LOCK_SH)  # as runner.lock_held takes it
+        release = threading.Timer(0.2, fcntl.flock, (probe, fcntl.LOCK_UN))
+        release.start()
+        with runner.checkpoint_owner(lock_path) as owner:
+            assert owner
+        release.join()
+    with open(lock_path) as training:
+        fcntl.flock(training, fcntl.LOCK_EX)
+        with runner.checkpoint_owner(lock_path, wait_s=0.1) as owner:
+            assert not owner
+
+
 def test_a_second_process_on_the_same_configuration_trains_without_touching_the_checkpoint(
     workdir, monkeypatch, capsys, expected
 ):
@@ -768,6 +803,89 @@ def test_check_names_what_only_the_run_tells_and_no_run_leaves_anything_behind(t
         assert result.returncode == 2 and problem in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
     assert not (repo / "checkpoints").exists() and not (repo / "runs").exists() and not (repo / "mlflow.db").exists()
+
+
+def train_stage():
+    """stages/train.py as a module, for its functions."""
+    spec = importlib.util.spec_from_file_location("train_stage", REPO / "stages" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SET_BAD = [  # (-S assignments, the error's text)
+    (["recipe.wus.epochs=50"], "-S 'recipe.wus.epochs=50': params has no section recipe (its sections: download, "
+     "train, recipes, methods, grid, aggregate, check)"),
+    (["downlod.cifar10.train_size=7"], "params has no section downlod"),
+    (["recipes.wuss.epochs=5"], "-S 'recipes.wuss.epochs=5': params has no recipes.wuss (recipes holds: dfp, wus)"),
+    (["grid.dfpp.seeds=[1]"], "-S 'grid.dfpp.seeds=[1]': params has no grid.dfpp (grid holds: dfp, wus)"),
+    (["recipes.wus.per_model.vgg16.lr=0.01", "recipes.wus.per_model.vgg16.lr.x=1"],
+     "recipes.wus.per_model.vgg16.lr is 0.01, not a section of settings"),
+    (["methods.dfpp.prune_num=0.5"], "-S: params has no methods.dfpp, and dfpp is no method (accepted: baseline, "),
+    (["train.compile=[true"], "-S 'train.compile=[true': the value is not valid YAML: while parsing a flow sequence"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("assignments", "problem"), SET_BAD, ids=[a[0] for a, _ in SET_BAD])
+def test_set_refuses_a_key_of_no_section_in_one_line(assignments, problem):
+    """A mistyped section is not created (validation ignores what no run reads): the error names what there is."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    with pytest.raises(UserError) as info:
+        train_stage().set_params(params, assignments)
+    assert problem in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_set_creates_a_models_settings_and_a_named_configuration():
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["methods"]["baseline"] = None  # `baseline:` with nothing after it
+    train_stage().set_params(params, [
+        "recipes.wus.per_model.vgg16.lr=0.05", "recipes.dfp.model_args.vgg16.batch_norm=false",
+        "methods.dfp_p90.prune_num=0.9", "methods.dfp_p90.method=dfp", "grid.dfp.methods=[baseline,dfp_p90]",
+        "methods.baseline.x=1",
+    ])  # fmt: skip
+    assert params["recipes"]["wus"]["per_model"] == {"vgg16": {"lr": 0.05}}
+    assert params["recipes"]["dfp"]["model_args"] == {"vgg16": {"batch_norm": False}}
+    assert params["methods"]["dfp_p90"] == {"prune_num": 0.9, "method": "dfp"}
+    assert params["methods"]["baseline"] == {"x": 1}
+    with pytest.raises(ConfigError, match=r"methods\.baseline\.x: unknown parameter"):
+        validate_grid(params)
+
+
+def test_check_names_the_runs_whose_ledger_entry_would_stop_them(tmp_path):
+    """With `train.ledger: record`, a run whose entry another training-code version trained stops its train stage
+    (ledger.find), hours into `dvc repro`: `--check` lists it and fails; `train.ledger: retrain` replaces it."""
+    from cheaptrain.runner import run_code_version
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())  # the papers' setting: the ledger keeps its runs
+    params["download"]["datasets"] = ["cifar10"]
+    params["grid"] = {
+        "dfp": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline"], "seeds": [0, 1]},
+        "wus": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline"], "seeds": [0]},
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for seed, stale in ((0, True), (1, False)):  # dfp seed 0 by other training code, seed 1 by this one
+        cfg = resolve_run(params, "dfp", "cifar10", "lenet", "baseline", seed)
+        code = "0123456789abcdef" if stale else run_code_version(cfg)
+        entry = tmp_path / "ledger" / "dfp" / cfg.name
+        entry.mkdir(parents=True)
+        info = {"name": cfg.name, "config": json.loads(json.dumps(cfg.to_dict())), "code_version": code}
+        (entry / "run.json").write_text(json.dumps(info | {"git_commit": "c0ffee"}))
+        (entry / "metrics.json").write_text(json.dumps({"final_acc": 50.0}))
+        (entry / "history.csv").write_text("epoch,test_acc\n1,50.0\n")
+    stage = ("python", str(REPO / "stages" / "train.py"), "--check")
+    result = run_in(tmp_path, *stage, check=False)
+    assert result.returncode == 1, result.stderr
+    assert (
+        result.stdout.splitlines()[1] == "ledger: 1 of 3 runs reuse their ledger entry, 1 train, 1 would stop at theirs"
+    )
+    assert result.stderr.splitlines()[:2] == [
+        "error: 1 runs of the grid have a ledger entry trained differently, which stops their train stage:",
+        "  - dfp/cifar10-lenet-baseline-s0: training code: version 0123456789abcdef (commit c0ffee) in the entry, "
+        f"{run_code_version(cfg)} now",
+    ]
+    assert "-S train.ledger=retrain" in result.stderr and "python -m cheaptrain.replay --stale" in result.stderr
+    retrain = run_in(tmp_path, *stage, "-S", "train.ledger=retrain")
+    assert retrain.stdout == "params.yaml with -S: every run of the grid has valid params\n"
 
 
 def test_set_trains_with_a_params_value_for_one_command_and_a_bad_one_fails_before_training(tmp_path):

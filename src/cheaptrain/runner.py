@@ -176,43 +176,72 @@ def lock_held(path: Path) -> bool:
     return False
 
 
-def runs_under_way(root: Path | None = None) -> list[str]:
+def runs_under_way(device: str = "auto") -> list[str]:
     """One line per checkpoint under checkpoints/ (a run started, not finished): its last epoch and accuracy, and
-    whether a process trains it now, it waits for its command to be run again, or this checkout's training code
-    would not resume it (another version wrote it)."""
+    whether a process trains it now, it waits for its command to be run again, or its command would start afresh:
+    other training code, other prepared data (where its dataset is prepared here) or another kind of device than
+    `device` (params train.device) wrote it."""
     lines, code_now = [], {code_version(method) for method in METHODS}
-    for path in sorted((root or project_root() / "checkpoints").glob("*/*.pt")):
+    here = resolve_device("auto").type if device == "auto" else device.split(":")[0]
+    digests: dict[str, str | None] = {}  # per dataset: the prepared data's, None where none is prepared here
+    for path in sorted((project_root() / "checkpoints").glob("*/*.pt")):
         name = f"{path.parent.name}/{path.stem.rsplit('-', 1)[0]}"
-        state, problem = read_checkpoint(path, {})
+        dataset = path.stem.split("-", 1)[0]
+        if dataset not in digests:
+            digests[dataset] = digest_here(project_root() / RunConfig.data_root / dataset)
+        expected = ({"data": digests[dataset]} if digests[dataset] else {}) | {"device": here}
+        try:
+            written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+            state, problem = read_checkpoint(path, expected)
+        except FileNotFoundError:
+            state, problem = None, None
+        if state is None and problem is None:
+            lines.append(f"{name}: its checkpoint {path} vanished while listed: its run finished or started afresh")
+            continue
         if state is None:
             lines.append(f"{name}: unusable checkpoint {path} ({problem}): its run starts afresh")
             continue
         history, total = state["history"], state.get("epochs")
         done = f"epoch {len(history)}" + (f"/{total}" if total else "")
         acc = f", test acc {history[-1]['test_acc']:.2f}%" if history else ""
-        written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
         if lock_held(path.with_suffix(".lock")):
             what = "training now"
         elif state["identity"].get("code") not in code_now:
             what = "stopped, written by other training code: this checkout's command trains the run afresh"
+        elif problem:
+            what = f"stopped, would start afresh: {problem} than here"
         else:
             what = "stopped: the command that started it resumes it"
         lines.append(f"{name}: {done}{acc}, written {written}, {what}")
     return lines
 
 
+def digest_here(data_dir: Path) -> str | None:
+    """The digest of the data prepared in `data_dir`; None where none is."""
+    try:
+        return prepared_digest(data_dir)
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
-def checkpoint_owner(lock_path: Path) -> Iterator[bool]:
+def checkpoint_owner(lock_path: Path, wait_s: float = 1.0) -> Iterator[bool]:
     """Whether this process owns the checkpoint of its configuration. Of several processes that train the same
     configuration at once (queued DVC experiments that share a run, say) the first does; the others train without
-    one, rather than resume or overwrite each other's state."""
+    one, rather than resume or overwrite each other's state. A probe of the lock (lock_held) holds it for an instant:
+    the lock is tried again for `wait_s` before another process is taken to own it."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
     with open(lock_path, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel when the process dies
-        except BlockingIOError:
-            yield False
-            return
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel when the process dies
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.02)
         yield True
 
 
