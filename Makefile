@@ -38,9 +38,11 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# an MLflow tracking server for a team (docs/scaling.md); HOST=0.0.0.0 to serve other machines
+# an MLflow tracking server for a team (docs/scaling.md); HOST=0.0.0.0 to serve other machines; ALLOWED_HOSTS: the
+# Host headers it accepts (default: private IPs), besides localhost and the name in the URI it prints
 server: $(BIN)/.installed
-	$(BIN)/python -m cheaptrain.server --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),5000)
+	$(BIN)/python -m cheaptrain.server --host $(or $(HOST),127.0.0.1) --port $(or $(PORT),5000) \
+		$(if $(ALLOWED_HOSTS),--allowed-hosts '$(ALLOWED_HOSTS)')
 
 # on a CUDA machine with PyTorch alone (no install: such machines often have no network): the cuda tests, the
 # throughput table, every method, concurrent runs; under 10 minutes (docs/gpu.md)

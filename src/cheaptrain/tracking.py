@@ -108,7 +108,7 @@ def sqlite_file(uri: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def _store_lock(uri: str) -> Iterator[None]:
+def store_lock(uri: str) -> Iterator[None]:
     """Serialise, across processes, whatever may create or migrate the tables of an SQLite store."""
     path = sqlite_file(uri)
     if path is None:
@@ -219,7 +219,7 @@ def _bounded_http() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _as_store_error(uri: str) -> Iterator[None]:
+def as_store_error(uri: str) -> Iterator[None]:
     """Any failure to open the store as one store_error (our own UserErrors pass through)."""
     from mlflow.exceptions import MlflowException
 
@@ -234,7 +234,7 @@ def _as_store_error(uri: str) -> Iterator[None]:
 
 
 def _open(uri: str) -> MlflowClient:
-    """A client of the store; call under _store_lock(uri): constructing it creates or migrates SQLite tables."""
+    """A client of the store; call under store_lock(uri): constructing it creates or migrates SQLite tables."""
     from mlflow import MlflowClient
 
     check_sqlite_schema(uri)
@@ -246,7 +246,7 @@ def store_client(uri: str | None = None) -> MlflowClient:
     ensure_experiment has opened it in this process."""
     uri = uri or tracking_uri()
     check_sqlite_path(uri)
-    with _store_lock(uri), _as_store_error(uri):
+    with store_lock(uri), as_store_error(uri):
         return _open(uri)
 
 
@@ -259,7 +259,7 @@ def ensure_experiment(name: str) -> str:
 
     uri = tracking_uri()
     check_sqlite_path(uri)
-    with _store_lock(uri), _bounded_http(), _as_store_error(uri):
+    with store_lock(uri), _bounded_http(), as_store_error(uri):
         client = _open(uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
