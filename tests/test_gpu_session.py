@@ -262,6 +262,11 @@ def load_gpu_session():
     return module
 
 
+def training(gpu_session, text: str, need_s: float, start: float):
+    """A run of `text` (study:model:method) started at `start`, estimated at `need_s` seconds; its pid a stand-in."""
+    return gpu_session.Training(gpu_session.parse_run(text), 200, need_s, None, pid=1, started=start)
+
+
 def log_epoch(run, n: int, at: float) -> None:
     """The train stage's line for epoch `n` of `run` appended to its log, which the session reads at time `at`."""
     run.spec.log.parent.mkdir(exist_ok=True)
@@ -289,7 +294,7 @@ def test_a_runs_time_left_comes_from_its_estimate_then_from_its_own_pace(tmp_pat
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    run = gpu_session.Training(gpu_session.parse_run("wus:resnet18:wus"), 200, 500.0, None, pid=1, started=start)
+    run = training(gpu_session, "wus:resnet18:wus", 500.0, start)
     assert run.left_s(start) == 500.0 and run.pace() is None  # no epoch yet: the estimate
     assert run.left_s(start + 100) == 400.0
     for n in range(1, 4):
@@ -314,19 +319,18 @@ def test_a_new_phases_compiling_epoch_does_not_make_a_run_late(tmp_path, monkeyp
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    run = gpu_session.Training(gpu_session.parse_run("wus:resnet18:wus"), 200, 300.0, None, pid=1, started=start)
+    run = training(gpu_session, "wus:resnet18:wus", 300.0, start)
     for at, n in ((30, 2), (35, 5), (40, 8), (45, 11), (50, 14), (55, 17), (60, 19), (75, 22)):
         log_epoch(run, n, start + at)  # nothing new seen at 65 and 70 s
     assert run.pace() == pytest.approx(20 / 11)  # the last 5 spans (epochs 8-22) but the slowest, 60-75 s
-    assert not gpu_session.to_stop([run], start + 75, time_left=432)
+    assert not run.late(start + 75, time_left=432)
 
 
 def test_when_a_run_falls_behind_the_newest_run_is_stopped(tmp_path, monkeypatch):
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    older, newer = (gpu_session.Training(gpu_session.parse_run(f"wus:vgg11:{m}"), 200, 300.0, None, pid=1,
-                                         started=start) for m in ("baseline", "wus"))  # fmt: skip
+    older, newer = (training(gpu_session, f"wus:vgg11:{m}", 300.0, start) for m in ("baseline", "wus"))
     for run, pace in ((older, 2.0), (newer, 1.0)):
         for n in range(1, 5):
             log_epoch(run, n, start + 10 + pace * n)
@@ -340,7 +344,7 @@ def test_a_late_run_alone_goes_on(tmp_path, monkeypatch):
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    run = gpu_session.Training(gpu_session.parse_run("wus:vgg11:baseline"), 200, 300.0, None, pid=1, started=start)
+    run = training(gpu_session, "wus:vgg11:baseline", 300.0, start)
     for n in range(1, 5):
         log_epoch(run, n, start + 10 + 2.0 * n)
     assert run.late(start + 20, time_left=196 * 2.0 / 1.3)
@@ -353,7 +357,7 @@ def test_a_log_without_an_epoch_line_in_its_tail_keeps_the_last_epoch_seen(tmp_p
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    run = gpu_session.Training(gpu_session.parse_run("wus:vgg11:baseline"), 200, 300.0, None, pid=1, started=start)
+    run = training(gpu_session, "wus:vgg11:baseline", 300.0, start)
     for n in range(1, 5):
         log_epoch(run, n, start + 10 + 1.0 * n)
     with open(run.spec.log, "a") as log:
@@ -380,7 +384,7 @@ def test_a_second_run_starts_only_if_both_end_in_time_sharing_the_device(tmp_pat
     gpu_session = load_gpu_session()
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    first = gpu_session.Training(gpu_session.parse_run("wus:resnet18:baseline"), 200, 400.0, None, pid=1, started=start)
+    first = training(gpu_session, "wus:resnet18:baseline", 400.0, start)
     for n in range(1, 5):
         log_epoch(first, n, start + 40 + 1.4 * n)
     now = start + 50
