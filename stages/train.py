@@ -17,7 +17,6 @@ machines too: torchrun's --nnodes and --rdzv options).
 
 import argparse
 import dataclasses
-import itertools
 import os
 import signal
 import sys
@@ -102,16 +101,6 @@ def check_new_methods(params: dict[str, Any], created: set[str]) -> None:
             )
 
 
-def grid_runs(params: dict[str, Any]) -> list[tuple[str, str, str, str, int]]:
-    """Every run of the (validated) grid: (study, dataset, model, method, seed). Here, not aggregate.grid_runs: a
-    train stage depends on the code it imports (dvc.yaml), and the report's is not its."""
-    return [
-        (study, *run)
-        for study, lists in params["grid"].items()
-        for run in itertools.product(lists["datasets"], lists["models"], lists["methods"], lists["seeds"])
-    ]
-
-
 def ledger_stops(params: dict[str, Any]) -> list[str]:
     """With `train.ledger: record`, look up each grid run's ledger entry as its train stage does (ledger.find): print
     how many reuse theirs, and return one line per run whose entry, trained differently, would stop it."""
@@ -119,14 +108,15 @@ def ledger_stops(params: dict[str, Any]) -> list[str]:
     from cheaptrain.config import resolve_run
     from cheaptrain.runner import run_code_version
 
-    runs, reused, stops = grid_runs(params), 0, []
+    runs, reused, stops = list(ledger.grid_runs(params)), 0, []
     for run in runs:
         cfg = resolve_run(params, *run)
-        try:
-            reused += ledger.find(cfg, run_code_version(cfg)) is not None
-        except UserError as e:  # its differences, one line
-            found = [line.removeprefix("  - ") for line in str(e).splitlines() if line.startswith("  - ")]
-            stops.append(f"{cfg.study}/{cfg.name}: {'; '.join(found) or e}")
+        if (entry := ledger.lookup(cfg)) is None:
+            continue
+        if diffs := ledger.differences(entry, cfg, run_code_version(cfg)):
+            stops.append(f"{cfg.study}/{cfg.name}: {'; '.join(diffs)}")
+        else:
+            reused += 1
     print(f"ledger: {reused} of {len(runs)} runs reuse their ledger entry, {len(runs) - reused - len(stops)} train, "
           f"{len(stops)} would stop at theirs")  # fmt: skip
     return stops

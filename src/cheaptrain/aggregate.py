@@ -25,13 +25,12 @@ import itertools
 import json
 import math
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cheaptrain import UserError, is_number
-from cheaptrain.ledger import entries
+from cheaptrain.ledger import entries, grid_runs
 from cheaptrain.timing import RunTime, run_time, seed_interval
 
 KEY = ("study", "dataset", "model", "method")
@@ -101,15 +100,6 @@ class Run:
     @property
     def name(self) -> str:
         return f"{self.dataset}-{self.model}-{self.method}-s{self.seed}"
-
-
-def grid_runs(params: dict[str, Any]) -> Iterator[tuple[str, str, str, str, int]]:
-    """(study, dataset, model, method, seed) of every run the DVC grid trains."""
-    for study, grid in (params.get("grid") or {}).items():
-        yield from (
-            (study, *combo)
-            for combo in itertools.product(grid["datasets"], grid["models"], grid["methods"], grid["seeds"])
-        )
 
 
 def read_text(path: Path) -> str:

@@ -29,6 +29,7 @@ import contextlib
 import csv
 import fcntl
 import hashlib
+import itertools
 import json
 import shutil
 import sys
@@ -116,6 +117,15 @@ def entry_problems(info: dict[str, Any], metrics: Any) -> list[str]:
     ]
 
 
+def grid_runs(params: dict[str, Any]) -> Iterator[tuple[str, str, str, str, int]]:
+    """(study, dataset, model, method, seed) of every run the DVC grid trains, whose entries the ledger keeps."""
+    for study, grid in (params.get("grid") or {}).items():
+        yield from (
+            (study, *combo)
+            for combo in itertools.product(grid["datasets"], grid["models"], grid["methods"], grid["seeds"])
+        )
+
+
 def entries(root: Path | None = None) -> list[Entry]:
     """Every entry of the ledger, by study and name; dot-names (a write's staging folder) are not entries."""
     root = root or ledger_root()
@@ -154,14 +164,23 @@ def differences(entry: Entry, cfg: RunConfig, code: str) -> list[str]:
     return lines
 
 
-def find(cfg: RunConfig, code: str) -> Entry | None:
-    """The matching entry of `cfg`, None when it has none or is not at its paper's setting (the ledger is not for
-    it); an entry that does not match stops with an error."""
+def lookup(cfg: RunConfig) -> Entry | None:
+    """The entry of `cfg`, matching or not; None when it has none or is not at its paper's setting (the ledger is not
+    for it)."""
     path = entry_path(cfg)
     if not (path / "run.json").is_file() or not paper_setting(cfg.study, cfg.to_dict()["recipe"], cfg.model)[0]:
         return None
-    entry = read_entry(path)
+    return read_entry(path)
+
+
+def find(cfg: RunConfig, code: str) -> Entry | None:
+    """The matching entry of `cfg`, None when it has none (lookup); an entry that does not match stops with an
+    error."""
+    entry = lookup(cfg)
+    if entry is None:
+        return None
     if diffs := differences(entry, cfg, code):
+        path = entry.path
         listed = "\n".join(f"  - {d}" for d in diffs)
         raise UserError(
             f"{cfg.study}/{cfg.name}: its ledger entry {path} was trained differently:\n{listed}\n"

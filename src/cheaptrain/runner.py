@@ -26,6 +26,7 @@ import contextlib
 import csv
 import ctypes
 import fcntl
+import functools
 import hashlib
 import inspect
 import io
@@ -118,6 +119,7 @@ def imported_files(module: str) -> list[Path]:
     return sorted(seen)
 
 
+@functools.cache  # about 40 ms (every file parsed and hashed); the sources do not change within a process
 def code_version(method: str) -> str:
     """Hash of the code that trains a run of the registered `method`: trainer.py and what it imports (configuration,
     data, models, costs), and of the methods package only the modules that define this method's class and its
