@@ -447,6 +447,15 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     assert "Ledger runs not at the paper's setting, not counted: dfp cifar10/vgg19/dfp (lr 0.05 (paper: 0.1))" in text
 
 
+def test_the_papers_networks_record_our_models_defaults_as_models_py_declares_them():
+    from cheaptrain.models import MODELS
+
+    for study in PAPERS.values():
+        for model, options in study.get("networks", {}).items():
+            for key, (_, ours) in options.items():
+                assert MODELS[model].options[key].default == ours, (model, key)
+
+
 def test_the_papers_scale_compares_its_methods_at_equal_cost_on_their_own_full_epochs():
     from cheaptrain.aggregate import load_published
 
