@@ -32,6 +32,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check's device check
+
+from gpu_check import checked_device
 
 from cheaptrain import positive_int, run_main
 from cheaptrain.config import load_params, resolve_run
@@ -58,12 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.fraction < 1:
         parser.error(f"--fraction {args.fraction}: a pruning epoch leaves out a fraction in (0, 1)")
-    try:
-        torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device}: not a device name (accepted: cpu, cuda, cuda:N)")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here")
+    checked_device(parser, args.device)
     keep_freed_memory()  # as the trainer runs
     if not (Path(args.data) / "train.npz").is_file():
         sys.exit(

@@ -567,6 +567,18 @@ def concurrency(report: Report, device: torch.device, models: list[str], sizes: 
     report.written("concurrency.csv", rows)
 
 
+def checked_device(parser: argparse.ArgumentParser, text: str, hint: str = "") -> torch.device:
+    """`--device`'s value as a device; a usage error where it names none, or CUDA that this machine lacks (`hint`:
+    what to do instead)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        parser.error(f"--device {text}: not a device name (accepted: cuda, cuda:N, cpu)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {text}: CUDA is not available here{hint}")
+    return device
+
+
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
@@ -584,12 +596,7 @@ def main() -> None:
     parser.add_argument("--tests-k", metavar="EXPR",
                         help="of the cuda tests, those pytest's -k EXPR selects (e.g. infobatch)")  # fmt: skip
     args = parser.parse_args()
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device}: not a device name (accepted: cuda, cuda:N, cpu)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
+    device = checked_device(parser, args.device, " (--device cpu --quick checks the script)")
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else FULL

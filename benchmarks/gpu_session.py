@@ -63,7 +63,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check, beside this file
-from gpu_check import FULL, QUICK, REPO, Rate, Sizes, Variant, device_name, runs_config, skipped, steady_rate
+from gpu_check import (
+    FULL,
+    QUICK,
+    REPO,
+    Rate,
+    Sizes,
+    Variant,
+    checked_device,
+    device_name,
+    runs_config,
+    skipped,
+    steady_rate,
+)
 
 from cheaptrain import UserError, atomic_write
 from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
@@ -568,12 +580,7 @@ def main() -> None:
         parser.error(f"--minutes {args.minutes}: a number of minutes more than 0")
     if args.return_after is not None and (args.collect or not 0 < args.return_after < args.minutes):
         parser.error("--return-after: more than 0 and less than --minutes, and not with --collect")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device}: not a device name (accepted: cuda, cuda:N, cpu)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
+    device = checked_device(parser, args.device, " (--device cpu --quick checks the script)")
     args.out = args.out.resolve()
     try:
         args.out.mkdir(parents=True, exist_ok=True)

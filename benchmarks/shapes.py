@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check's settings
 
 import torch
-from gpu_check import SKIP_SETTING, config, synthetic_split
+from gpu_check import SKIP_SETTING, checked_device, config, synthetic_split
 
 from cheaptrain import positive_int
 from cheaptrain.methods import Method
@@ -62,12 +62,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=positive_int, default=5, help="timed epochs of each way, taking turns")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
-    try:
-        torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device}: not a device name (accepted: cpu, cuda, cuda:N)")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here")
+    checked_device(parser, args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     ways = {"static": False, "dynamic": True}
