@@ -73,17 +73,13 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def open_store(store: str) -> None:
-    """Create or check the store's tables under its lock, as `mlflow server --serve-artifacts` would create them: the
-    Default experiment's artifacts served (mlflow-artifacts:/0), not in a folder of this machine."""
+    """Create or check the store's tables under its lock (a UserError says what is wrong); a new store's Default
+    experiment gets served artifacts (mlflow-artifacts:/0), as `mlflow server --serve-artifacts` gives it."""
     from mlflow.store.tracking import DEFAULT_ARTIFACTS_URI
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    from cheaptrain.tracking import as_store_error, check_sqlite_path, check_sqlite_schema, store_lock
+    from cheaptrain.tracking import store_client
 
-    check_sqlite_path(store)
-    with store_lock(store), as_store_error(store):  # a UserError says what is wrong
-        check_sqlite_schema(store)
-        SqlAlchemyStore(store, DEFAULT_ARTIFACTS_URI)  # as `mlflow server` makes it; MlflowClient's gives ./mlruns
+    store_client(store, artifact_root=DEFAULT_ARTIFACTS_URI)
 
 
 def server_command(store: str, artifacts: Path, host: str, port: int, extra: list[str]) -> list[str]:

@@ -108,7 +108,7 @@ def sqlite_file(uri: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def store_lock(uri: str) -> Iterator[None]:
+def _store_lock(uri: str) -> Iterator[None]:
     """Serialise, across processes, whatever may create or migrate the tables of an SQLite store."""
     path = sqlite_file(uri)
     if path is None:
@@ -219,7 +219,7 @@ def _bounded_http() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def as_store_error(uri: str) -> Iterator[None]:
+def _as_store_error(uri: str) -> Iterator[None]:
     """Any failure to open the store as one store_error (our own UserErrors pass through)."""
     from mlflow.exceptions import MlflowException
 
@@ -233,21 +233,26 @@ def as_store_error(uri: str) -> Iterator[None]:
         raise store_error(f"{type(e).__name__}: {e}", uri=uri) from e
 
 
-def _open(uri: str) -> MlflowClient:
-    """A client of the store; call under store_lock(uri): constructing it creates or migrates SQLite tables."""
+def _open(uri: str, artifact_root: str | None = None) -> MlflowClient:
+    """A client of the store; call under _store_lock(uri): constructing it creates or migrates SQLite tables, a new
+    store's Default experiment with its artifacts under `artifact_root` (default: MLflow's client's, ./mlruns)."""
     from mlflow import MlflowClient
 
     check_sqlite_schema(uri)
+    if artifact_root is not None:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        SqlAlchemyStore(uri, artifact_root)  # as `mlflow server` creates a store
     return MlflowClient(uri)
 
 
-def store_client(uri: str | None = None) -> MlflowClient:
+def store_client(uri: str | None = None, artifact_root: str | None = None) -> MlflowClient:
     """A client of the store (default: the tracking URI), opened safely: for code that reads the store before
-    ensure_experiment has opened it in this process."""
+    ensure_experiment has opened it in this process. `artifact_root`: of a new store's Default experiment."""
     uri = uri or tracking_uri()
     check_sqlite_path(uri)
-    with store_lock(uri), as_store_error(uri):
-        return _open(uri)
+    with _store_lock(uri), _as_store_error(uri):
+        return _open(uri, artifact_root)
 
 
 def ensure_experiment(name: str) -> str:
@@ -259,7 +264,7 @@ def ensure_experiment(name: str) -> str:
 
     uri = tracking_uri()
     check_sqlite_path(uri)
-    with store_lock(uri), _bounded_http(), as_store_error(uri):
+    with _store_lock(uri), _bounded_http(), _as_store_error(uri):
         client = _open(uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
