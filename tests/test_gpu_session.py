@@ -296,10 +296,10 @@ def test_a_runs_time_left_comes_from_its_estimate_then_from_its_own_pace(tmp_pat
     start = time.monotonic()
     run = training(gpu_session, "wus:resnet18:wus", 500.0, start)
     assert run.left_s(start) == 500.0 and run.pace() is None  # no epoch yet: the estimate
-    assert run.left_s(start + 100) == 400.0
+    assert run.left_s(start + 100) == pytest.approx(400.0)  # times are floats far from 0 (time.monotonic)
     for n in range(1, 4):
         log_epoch(run, n, start + 100 + 3 * n)
-    assert run.left_s(start + 110) == 390.0  # the first epoch (compiling) and two more: no pace yet
+    assert run.left_s(start + 110) == pytest.approx(390.0)  # the first epoch (compiling) and two more: no pace yet
     assert not run.late(start + 110, time_left=100)  # nor is it late before it has a pace
     log_epoch(run, 4, start + 112)
     assert run.pace() == pytest.approx(3.0)  # epochs 2-4
