@@ -186,16 +186,15 @@ def load_reference(gate: Gate, override: str | None = None) -> list[dict[str, An
     path = override or gate.reference
     if path is None:
         return None
-    if not Path(path).is_file() and override:
-        raise UserError(
-            f"the reference summary {path} (--reference) does not exist: accept the current results into it with "
-            f"`python stages/check.py --accept --reference {path}`, or pass another path"
-        )
     if not Path(path).is_file():
-        raise UserError(
-            f"the reference summary {path} (params check.reference) does not exist: accept the current results "
-            "with `python stages/check.py --accept`, or set check.reference to null"
+        fix = (
+            f"accept the current results into it with `python stages/check.py --accept --reference {path}`, or pass "
+            "another path"
+            if override
+            else "accept the current results with `python stages/check.py --accept`, or set check.reference to null"
         )
+        where = "--reference" if override else "params check.reference"
+        raise UserError(f"the reference summary {path} ({where}) does not exist: {fix}")
     return read_summary(Path(path))
 
 
