@@ -19,10 +19,11 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
    keep their setting, so that their times compare;
 3. train: the pending runs (those without a ledger entry) in order, at most --parallel at once. A run starts only
    if it ends before the deadline, estimated with every epoch full at its model's rate, plus what a run spends
-   outside its epochs (START_S, FIRST_EPOCH), and if every run training now still does (at its own pace, once it has
-   one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100 two ResNet-18
-   runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time left, the
-   newest run is stopped, so that the device serves the older ones (a run alone goes on);
+   outside its epochs (START_S, FIRST_EPOCH), or for a run alone from its model's baseline entry if one trained here
+   in this setting and took less (KNOWN_MARGIN), and if every run training now still does (at its own pace, once it
+   has one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100 two
+   ResNet-18 runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time
+   left, the newest run is stopped, so that the device serves the older ones (a run alone goes on);
 4. pack, into OUT: ledger.tar.gz (the entries of the runs that ended: `tar xzf` it in the repository, then commit
    the entries), logs.tar.gz (each run's log), race.csv, session.txt (everything printed).
 Runs still training at the deadline go on, detached, as long as the machine stays: `--collect` waits for them (up to
@@ -79,6 +80,7 @@ from gpu_check import (
 
 from cheaptrain import UserError, atomic_write
 from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
+from cheaptrain.tracking import device_name as tracked_device
 
 # The WUS runs in the GPU issue's order, then the DFP paper's other networks, each a baseline and a dfp run (one claim
 # pair), the fewest training FLOPs an image first (cheaptrain.cost.step_flops: VGG-13 1.4 G, WRN-22 14.7 G); runs in
@@ -102,6 +104,13 @@ START_S = 35
 # 40.9 against 21.5 s; alone, the inductor cache warm from the race, 10.4-12.4 against 18.1-27.1 s (0.44-0.69, the
 # VGG-11 and VGG-16 entries' history.csv against their leases' race.csv)
 FIRST_EPOCH = {"alone": 1.0, "at once": 2.0}
+# A run alone whose model's baseline is in the ledger, trained here before (this recipe, a device of this name, this
+# setting), is estimated from that entry's wall time: two leases' H100s raced VGG-16 at 36,756 and 33,372 images/s, yet
+# its baseline and WUS runs took 1.42 and 1.43 s a full epoch, and the race's estimate was 402 s for a WUS run of 290.
+# The margin covers a slower machine; the start, what the process does before its wall clock starts (imports, the
+# device, the data loaded).
+KNOWN_MARGIN = 1.05
+KNOWN_START_S = 15
 STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
 MEASURE_S = 60  # measuring a model: it is measured only if this and a run at the fastest rate measured yet fit
 PACE_EPOCHS = 3  # spans between epochs seen, after its first epoch, that give a run's own pace (then its estimate)
@@ -289,6 +298,35 @@ def estimate_s(epochs: int, train_size: int, rate: Rate, at_once: int) -> float:
     return START_S + first_epoch + epochs * train_size * at_once / rate.images_per_s * EVALUATION
 
 
+def need_s(spec: Spec, cfg: RunConfig, estimate: float, at_once: int, variant: Variant, device: torch.device) -> float:
+    """A run's estimate: `estimate` (its model's rate), or, for a run alone, what its baseline's entry says if less."""
+    known = known_s(spec, cfg, variant, device) if at_once == 1 else None
+    return estimate if known is None else min(estimate, known)
+
+
+def known_s(spec: Spec, cfg: RunConfig, variant: Variant, device: torch.device) -> float | None:
+    """What the ledger says a run of `spec` takes alone here (KNOWN_MARGIN, KNOWN_START_S): the longest wall time of
+    its model's baseline entries trained in its recipe on a device of this name in `variant`; None without one. A
+    method only makes epochs cheaper (DFP's leave samples out, WUS's update a bias), so its baseline bounds it."""
+    baselines = sorted(Path("ledger", spec.study).glob(f"cifar10-{spec.model}-baseline-s*"))
+    if not baselines:
+        return None
+    setting = json.loads(json.dumps(variant.config(cfg).to_dict()))  # as run.json holds it: lists, not tuples
+    keys = ("dataset", "recipe", "model_args", "amp", "channels_last", "compile", "cudnn_benchmark", "fused_sgd")
+    walls, here = [], tracked_device(str(device))
+    for path in baselines:
+        try:
+            info = json.loads((path / "run.json").read_text())
+            wall = json.loads((path / "metrics.json").read_text()).get("wall_time_s")
+        except (OSError, ValueError, AttributeError):
+            continue  # not an entry this script can read: the race's estimate stands
+        config = info.get("config") if isinstance(info, dict) else None
+        if (isinstance(config, dict) and isinstance(wall, int | float) and info.get("device") == here
+                and all(config.get(key) == setting[key] for key in keys)):  # fmt: skip
+            walls.append(wall)
+    return KNOWN_MARGIN * max(walls) + KNOWN_START_S if walls else None
+
+
 def pack(session: Session, started: list[Spec]) -> int:
     """The finished runs' entries and every run's log into OUT; rewritten each time, so an early stop keeps them."""
     ended = [spec for spec in started if spec.done()]
@@ -375,7 +413,7 @@ def train(
                     continue
                 rates[spec.model] = rate
             at_once = len(active) + 1  # sharing the device with the runs training now
-            need = estimate_s(epochs, size, rates[spec.model], at_once)
+            need = need_s(spec, cfg, estimate_s(epochs, size, rates[spec.model], at_once), at_once, best, device)
             if not can_start(need, active, now, session.left()):
                 continue  # perhaps later, with fewer runs at once
             queue.remove(spec)

@@ -10,7 +10,6 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,6 +33,14 @@ def repo(tmp_path) -> Path:
     train, test = synthetic_split(128, seed=1), synthetic_split(64, seed=2)
     splits = {"train": (train.images, train.labels), "test": (test.images, test.labels)}
     write_prepared(tmp_path / "data/prepared/cifar10", splits, train.classes, {"source": "synthetic"})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params()))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/sitecustomize.py").write_text(SMALL_PAPER)
+    return tmp_path
+
+
+def small_params() -> dict:
+    """params.yaml at the (small) paper setting on the CPU."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["train"] |= {"device": "cpu", "threads": 1, "ledger": "record"}
     params["recipes"]["dfp"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}
@@ -42,10 +49,7 @@ def repo(tmp_path) -> Path:
     params["grid"] = {
         "dfp": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline", "dfp"], "seeds": [0]}
     }
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site/sitecustomize.py").write_text(SMALL_PAPER)
-    return tmp_path
+    return params
 
 
 def session(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -444,6 +448,47 @@ def test_a_run_alone_counts_the_races_first_epoch_once_and_beside_others_twice()
     assert beside_one == pytest.approx(gpu_session.START_S + 2 * 18.1 + 2 * epochs)
 
 
+def test_a_run_alone_after_its_models_baseline_is_estimated_from_the_baselines_entry(repo, monkeypatch):
+    """On an H100 the race estimated VGG-16's WUS run at 402 s where it took 290 (its baseline 347): a run alone is
+    estimated from its model's baseline entry, when one trained in its recipe on a device of this name in its setting,
+    if that says less than the race."""
+    done = session(repo, "--runs", "dfp:lenet:baseline", "dfp:lenet:dfp", "--parallel", "1", "--minutes", "8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(repo)
+    wall = json.loads((repo / "ledger/dfp/cifar10-lenet-baseline-s0/metrics.json").read_text())["wall_time_s"]
+    known = gpu_session.KNOWN_MARGIN * wall + gpu_session.KNOWN_START_S
+    (race,) = read_csv(repo / "out/race.csv")
+    rate = gpu_session.Rate(float(race["images_per_s"]), float(race["first_epoch_s"]), 0, ())
+    raced = gpu_session.estimate_s(2, 128, rate, 1)  # START_S at least: more than the entry says, unless very slow
+    said = float(done.stdout.split("dfp/cifar10-lenet-dfp-s0: started, about ")[1].split(" s")[0])
+    assert said == pytest.approx(min(known, raced), abs=0.5)
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    spec, cpu = gpu_session.parse_run("dfp:lenet:dfp"), torch.device("cpu")
+    cfg = gpu_session.resolve_run(params, "dfp", "cifar10", "lenet", "dfp", 0)
+    eager, graphs = gpu_session.CANDIDATES["eager"], gpu_session.CANDIDATES["graphs"]
+    assert gpu_session.known_s(spec, cfg, eager, cpu) == pytest.approx(known)
+    assert gpu_session.need_s(spec, cfg, 1000.0, 1, eager, cpu) == pytest.approx(known)
+    assert gpu_session.need_s(spec, cfg, 1.0, 1, eager, cpu) == 1.0  # the race's, when it says less
+    assert gpu_session.need_s(spec, cfg, 1000.0, 2, eager, cpu) == 1000.0  # beside another run: the race's
+    assert gpu_session.known_s(spec, cfg, graphs, cpu) is None  # another setting
+    longer = gpu_session.resolve_run(params | {"recipes": params["recipes"] | {"dfp": params["recipes"]["dfp"] |
+                                     {"epochs": 3}}}, "dfp", "cifar10", "lenet", "dfp", 0)  # fmt: skip
+    assert gpu_session.known_s(spec, longer, eager, cpu) is None  # another recipe
+    assert gpu_session.known_s(gpu_session.parse_run("dfp:alexnet:dfp"), cfg, eager, cpu) is None  # no baseline
+    with monkeypatch.context() as patched:
+        patched.setattr(gpu_session, "tracked_device", lambda device: "NVIDIA H100 80GB HBM3")
+        assert gpu_session.known_s(spec, cfg, eager, cpu) is None  # another device
+    slower = repo / "ledger/dfp/cifar10-lenet-baseline-s1"  # another seed's baseline, slower: the longest counts
+    shutil.copytree(repo / "ledger/dfp/cifar10-lenet-baseline-s0", slower)
+    (slower / "metrics.json").write_text(json.dumps({"wall_time_s": 2 * wall}))
+    slowest = gpu_session.KNOWN_MARGIN * 2 * wall + gpu_session.KNOWN_START_S
+    assert gpu_session.known_s(spec, cfg, eager, cpu) == pytest.approx(slowest)
+    (slower / "metrics.json").write_text("{not json")  # unreadable: left out, not a crash
+    assert gpu_session.known_s(spec, cfg, eager, cpu) == pytest.approx(known)
+
+
 def test_a_new_session_is_refused_while_runs_of_an_earlier_one_still_train(tmp_path, monkeypatch, capsys):
     """Its runs, here or in a detached session's copy, still have the device: a new session would train the same runs
     again beside them, and --return-after would empty the copy they train in."""
@@ -528,8 +573,11 @@ def train_stubbed(gpu_session, tmp_path, monkeypatch, runs: list[str], failing: 
     monkeypatch.setattr(gpu_session, "start", start)
     (tmp_path / "out").mkdir()
     session = gpu_session.Session(tmp_path / "out", time.monotonic() + 600)
-    cfg = SimpleNamespace(recipe=SimpleNamespace(epochs=2), data_root=None, dataset="cifar10")
-    configs = {gpu_session.parse_run(run): cfg for run in runs}
+    params, specs = small_params(), [gpu_session.parse_run(run) for run in runs]
+    configs = {
+        spec: gpu_session.resolve_run(params, spec.study, "cifar10", spec.model, spec.method, spec.seed)
+        for spec in specs
+    }
     args = argparse.Namespace(setting="race", parallel=1)
     gpu_session.train(session, args, configs, torch.device("cpu"), gpu_session.QUICK)
     return session.lines + measured
