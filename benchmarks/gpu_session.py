@@ -80,6 +80,7 @@ from gpu_check import (
 
 from cheaptrain import UserError, atomic_write
 from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
+from cheaptrain.papers import paper_setting
 from cheaptrain.tracking import device_name as tracked_device
 
 # The WUS runs in the GPU issue's order, then the DFP paper's other networks, each a baseline and a dfp run (one claim
@@ -596,8 +597,9 @@ def main() -> None:
                         help="the session's time: this command's, or the detached session's with --return-after "
                         "(default: %(default)s)")  # fmt: skip
     parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run(r) for r in DEFAULT_RUNS],
-                        help="STUDY:MODEL:METHOD[:SEED], in order (default: WUS's ResNet-18, VGG-11, "
-                             "AlexNet, VGG-16 runs, then DFP's networks; those in the ledger skipped)")  # fmt: skip
+                        help="STUDY:MODEL:METHOD[:SEED], in order, each at its paper's setting in --params "
+                             "(default: WUS's ResNet-18, VGG-11, AlexNet, VGG-16 runs, then DFP's networks; those in "
+                             "the ledger skipped)")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=2, help="most runs at once (default: %(default)s)")
     parser.add_argument("--setting", choices=["race", *CANDIDATES], default="race",
                         help="the setting of every run: the race's fastest, or one named (default: race)")  # fmt: skip
@@ -656,6 +658,12 @@ def main() -> None:
         configs = {}
         for spec in args.runs:
             cfg = resolve_run(params, spec.study, "cifar10", spec.model, spec.method, spec.seed)
+            counted, departures = paper_setting(spec.study, cfg.to_dict()["recipe"], spec.model)
+            if not counted:  # the train stage would train it for minutes and record nothing to bring back
+                raise UserError(
+                    f"{spec.name} is not at its paper's setting ({'; '.join(departures)}) in "
+                    f"{args.params}: the ledger keeps only those, so it would come back without an entry"
+                )
             if spec.done():
                 session.say(f"{spec.name}: in the ledger already")
             else:

@@ -254,6 +254,12 @@ def test_a_misnamed_run_or_invalid_params_fail_before_the_race(repo):
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     invalid = session(repo, "--runs", "dfp:lenet:baseline")
     assert invalid.returncode == 1 and "methods.dfp_p50" in invalid.stdout and not (repo / "out/race.csv").exists()
+    params["grid"]["dfp"]["methods"].remove("dfp_p50")
+    params["recipes"]["dfp"]["lr"] = 0.05  # not the (small) paper's recipe: the ledger would record nothing
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    elsewhere = session(repo, "--runs", "dfp:lenet:baseline")
+    assert elsewhere.returncode == 1 and not (repo / "out/race.csv").exists()
+    assert "dfp/cifar10-lenet-baseline-s0 is not at its paper's setting (lr 0.05 (paper: 0.1))" in elsewhere.stdout
     malformed = session(repo, "--runs", "lenet:baseline")
     assert malformed.returncode == 2 and "expected STUDY:MODEL:METHOD" in malformed.stderr
 
@@ -408,8 +414,9 @@ def test_the_default_runs_cover_every_cifar10_network_of_the_papers_beyond_lenet
     params = load_params(REPO / "params.yaml")
     validate_grid(params)
     runs = [gpu_session.parse_run(text) for text in gpu_session.DEFAULT_RUNS]
-    for run in runs:
-        assert resolve_run(params, run.study, "cifar10", run.model, run.method, run.seed).recipe.epochs == 200, run
+    for run in runs:  # at the paper's setting, where the ledger records the run: else a lease brings back nothing
+        recipe = resolve_run(params, run.study, "cifar10", run.model, run.method, run.seed).to_dict()["recipe"]
+        assert gpu_session.paper_setting(run.study, recipe, run.model)[0], run
     published = {(row["paper"], row["model"]) for row in read_csv(REPO / "data/published_results.csv")
                  if row["dataset"] == "cifar10" and row["model"] != "lenet"}  # fmt: skip
     assert {(run.study, run.model) for run in runs} == published
