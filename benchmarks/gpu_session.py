@@ -109,9 +109,12 @@ FIRST_EPOCH = {"alone": 1.0, "at once": 2.0}
 # setting), is estimated from that entry's wall time: two leases' H100s raced VGG-16 at 36,756 and 33,372 images/s, yet
 # its baseline and WUS runs took 1.42 and 1.43 s a full epoch, and the race's estimate was 402 s for a WUS run of 290.
 # The margin covers a slower machine; the start, what the process does before its wall clock starts (imports, the
-# device, the data loaded).
+# device, the data loaded) and the session's poll.
 KNOWN_MARGIN = 1.05
-KNOWN_START_S = 15
+KNOWN_START_S = 20  # VGG-16's WUS run, h100-2026-11-27c: at most 310 s from its start to its end seen, 290 of wall time
+# run.json's settings that change a run's time on one device
+KNOWN_KEYS = ("dataset", "recipe", "model_args", "amp", "channels_last", "compile", "cudnn_benchmark", "fused_sgd",
+              "processes", "eval_batch_size")  # fmt: skip
 STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
 MEASURE_S = 60  # measuring a model: it is measured only if this and a run at the fastest rate measured yet fit
 PACE_EPOCHS = 3  # spans between epochs seen, after its first epoch, that give a run's own pace (then its estimate)
@@ -251,6 +254,25 @@ class Session:
         return self.deadline - time.monotonic()
 
 
+def resolve(args: argparse.Namespace) -> dict[Spec, RunConfig]:
+    """Each run's configuration, checked as the train stage checks it, and that the ledger records it: a mistake
+    fails here, in seconds, before the data, the race or a detached session, not in every run."""
+    params = load_params(args.params)
+    validate_grid(params)
+    configs = {}
+    for spec in args.runs:
+        cfg = resolve_run(params, spec.study, "cifar10", spec.model, spec.method, spec.seed)
+        counted, departures = paper_setting(spec.study, cfg.to_dict()["recipe"], spec.model)
+        if not counted:
+            raise UserError(f"{spec.name} is not at its paper's setting ({'; '.join(departures)}) in {args.params}: "
+                            "the ledger keeps only those, so it would come back without an entry")  # fmt: skip
+        if cfg.ledger == "ignore":
+            raise UserError(f"train.ledger is ignore in {args.params}: no run would come back with an entry; set it "
+                            "to record")  # fmt: skip
+        configs[spec] = cfg
+    return configs
+
+
 def prepare_data(session: Session, archive: Path | None) -> None:
     prepared = Path("data/prepared/cifar10")
     if (prepared / "manifest.json").is_file() and prepared_train_size(prepared) is None:
@@ -313,17 +335,18 @@ def known_s(spec: Spec, cfg: RunConfig, variant: Variant, device: torch.device) 
     if not baselines:
         return None
     setting = json.loads(json.dumps(variant.config(cfg).to_dict()))  # as run.json holds it: lists, not tuples
-    keys = ("dataset", "recipe", "model_args", "amp", "channels_last", "compile", "cudnn_benchmark", "fused_sgd")
+    samples = cfg.recipe.epochs * train_size(cfg.data_root, cfg.dataset)  # on as many images as this run's
     walls, here = [], tracked_device(str(device))
     for path in baselines:
         try:
             info = json.loads((path / "run.json").read_text())
-            wall = json.loads((path / "metrics.json").read_text()).get("wall_time_s")
+            metrics = json.loads((path / "metrics.json").read_text())
+            wall, trained = metrics.get("wall_time_s"), metrics.get("total_trained_samples")
         except (OSError, ValueError, AttributeError):
             continue  # not an entry this script can read: the race's estimate stands
         config = info.get("config") if isinstance(info, dict) else None
         if (isinstance(config, dict) and isinstance(wall, int | float) and info.get("device") == here
-                and all(config.get(key) == setting[key] for key in keys)):  # fmt: skip
+                and trained == samples and all(config.get(key) == setting[key] for key in KNOWN_KEYS)):  # fmt: skip
             walls.append(wall)
     return KNOWN_MARGIN * max(walls) + KNOWN_START_S if walls else None
 
@@ -650,24 +673,13 @@ def main() -> None:
             raise UserError(f"runs of an earlier session still train: {', '.join(running)}: --collect waits for them, "
                             "or `kill -- -PID` stops one (its process group)")  # fmt: skip
         DETACHED.unlink(missing_ok=True)  # this session trains here
+        configs = resolve(args)
         if args.return_after is not None:
             sys.exit(detach(session, args))
         prepare_data(session, args.cifar10)
-        params = load_params(args.params)
-        validate_grid(params)  # as the train stage does first: a mistake fails here, in seconds, not in every run
-        configs = {}
-        for spec in args.runs:
-            cfg = resolve_run(params, spec.study, "cifar10", spec.model, spec.method, spec.seed)
-            counted, departures = paper_setting(spec.study, cfg.to_dict()["recipe"], spec.model)
-            if not counted:  # the train stage would train it for minutes and record nothing to bring back
-                raise UserError(
-                    f"{spec.name} is not at its paper's setting ({'; '.join(departures)}) in "
-                    f"{args.params}: the ledger keeps only those, so it would come back without an entry"
-                )
-            if spec.done():
-                session.say(f"{spec.name}: in the ledger already")
-            else:
-                configs[spec] = cfg
+        for spec in [spec for spec in configs if spec.done()]:
+            session.say(f"{spec.name}: in the ledger already")
+            del configs[spec]
         if not configs:
             session.say("nothing to train")
             return
