@@ -568,10 +568,13 @@ def test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy
     assert gpu_session.in_copy(Path("params.yaml"), copy) == str(copy / "params.yaml")
 
 
-def train_stubbed(gpu_session, tmp_path, monkeypatch, runs: list[str], failing: set[str], entry: bool) -> list[str]:
-    """The session's lines from train() over `runs` with the measurements and the runs stubbed: a model in `failing`
-    fails its measurement, and each run's process ends at once, with its entry if `entry`, else with an error
-    logged; the models measured are appended to the lines as 'measured MODEL'."""
+def train_stubbed(
+    gpu_session, tmp_path, monkeypatch, runs: list[str], failing: set[str], entry: bool, rates: dict | None = None
+) -> list[str]:
+    """The session's lines from train() over `runs` (2 epochs of 1000 images, 600 s) with the measurements and the
+    runs stubbed: a model in `failing` fails its measurement, the others measure at their `rates` (images/s; else
+    1e6), and each run's process ends at once, with its entry if `entry`, else with an error logged; the models
+    measured are appended to the lines as 'measured MODEL'."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(gpu_session, "POLL_S", 0)
     monkeypatch.setattr(gpu_session, "train_size", lambda root, dataset: 1000)
@@ -579,7 +582,7 @@ def train_stubbed(gpu_session, tmp_path, monkeypatch, runs: list[str], failing: 
 
     def measure(session, model, variant, device, sizes):
         measured.append(f"measured {model}")
-        return None if model in failing else gpu_session.Rate(1e6, 0.1, 0, ())
+        return None if model in failing else gpu_session.Rate((rates or {}).get(model, 1e6), 0.1, 0, ())
 
     def start(session, args, spec, epochs, need, overrides):
         spec.log.parent.mkdir(exist_ok=True)
@@ -603,6 +606,20 @@ def train_stubbed(gpu_session, tmp_path, monkeypatch, runs: list[str], failing: 
     args = argparse.Namespace(setting="race", parallel=1)
     gpu_session.train(session, args, configs, torch.device("cpu"), gpu_session.QUICK)
     return session.lines + measured
+
+
+def test_a_model_is_measured_if_its_run_would_end_in_time_a_little_faster_than_the_fastest_measured(
+    tmp_path, monkeypatch
+):
+    """On an H100 WRN-10 raced 1.33x faster than VGG-16 in one session: a model not measured yet is measured when a
+    run of it would end in time at MEASURE_FASTER x the fastest rate measured, not only at that rate."""
+    gpu_session = load_gpu_session()
+    runs = ["dfp:lenet:baseline", "dfp:alexnet:baseline"]
+    # lenet: 2 epochs of 1000 images at 4 images/s, 585 s of 600; alexnet's at that rate with its measuring would not
+    # fit (645 s), at 1.5x (6 images/s) they would (462 s)
+    lines = train_stubbed(gpu_session, tmp_path, monkeypatch, runs, failing=set(), entry=True, rates={"lenet": 4.0})
+    assert [line for line in lines if line.startswith("measured")] == ["measured lenet", "measured alexnet"]
+    assert "dfp/cifar10-alexnet-baseline-s0: ended at epoch 1/2" in lines  # trained (the stub's run ends at once)
 
 
 def test_a_model_whose_measurement_failed_trains_none_of_its_runs(tmp_path, monkeypatch):
