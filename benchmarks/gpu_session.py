@@ -85,9 +85,9 @@ from cheaptrain.tracking import device_name as tracked_device
 
 # The WUS runs in the GPU issue's order, then the DFP paper's other networks, each a baseline and a dfp run (one claim
 # pair), the fastest on an H100 first, so that a lease's last minutes still fit a run: in `graphs-fused` WRN-10 46,354
-# images/s, VGG-13 40,357, VGG-16 34,948, VGG-19 28,044, ResNet-34 24,557, ResNet-50 15,303 (h100-2026-11-27); WRN-16
-# 31,609 in CUDA graphs (h100-2026-11-26c); WRN-22, not measured, the most training FLOPs an image (14.7 G). Runs in
-# the ledger, AlexNet's from a CPU among them, are skipped
+# images/s, VGG-13 40,357, VGG-16 34,948, VGG-19 28,044, ResNet-34 24,557, ResNet-50 15,303 (h100-2026-11-27), WRN-16
+# 29,362 (h100-2026-11-27c); WRN-22, not measured, the most training FLOPs an image (14.7 G). Runs in the ledger,
+# AlexNet's from a CPU among them, are skipped
 WUS_MODELS = ("resnet18", "vgg11", "alexnet", "vgg16")
 DFP_MODELS = ("resnet18", "wrn10", "vgg13", "vgg16", "wrn16", "vgg19", "resnet34", "resnet50", "wrn22")
 DEFAULT_RUNS = [f"wus:{model}:{method}" for model in WUS_MODELS for method in ("baseline", "wus", "wus_lr")] + [
