@@ -80,6 +80,7 @@ from gpu_check import (
 
 from cheaptrain import UserError, atomic_write
 from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
+from cheaptrain.ledger import read_entry
 from cheaptrain.papers import paper_setting
 from cheaptrain.tracking import device_name as tracked_device
 
@@ -344,14 +345,13 @@ def known_s(spec: Spec, cfg: RunConfig, variant: Variant, device: torch.device) 
     walls, here = [], tracked_device(str(device))
     for path in baselines:
         try:
-            info = json.loads((path / "run.json").read_text())
-            metrics = json.loads((path / "metrics.json").read_text())
-            wall, trained = metrics.get("wall_time_s"), metrics.get("total_trained_samples")
-        except (OSError, ValueError, AttributeError):
-            continue  # not an entry this script can read: the race's estimate stands
-        config = info.get("config") if isinstance(info, dict) else None
-        if (isinstance(config, dict) and isinstance(wall, int | float) and info.get("device") == here
-                and trained == samples and all(config.get(key) == setting[key] for key in KNOWN_KEYS)):  # fmt: skip
+            entry = read_entry(path)
+        except UserError:
+            continue  # not an entry the ledger can read: the race's estimate stands
+        wall, config = entry.metrics.get("wall_time_s"), entry.info["config"]
+        if (wall is not None and entry.info.get("device") == here
+                and entry.metrics.get("total_trained_samples") == samples
+                and all(config.get(key) == setting[key] for key in KNOWN_KEYS)):  # fmt: skip
             walls.append(wall)
     return KNOWN_MARGIN * max(walls) + KNOWN_START_S if walls else None
 
