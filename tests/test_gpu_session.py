@@ -293,6 +293,12 @@ def log_epoch(run, n: int, at: float) -> None:
     run.observe(at)
 
 
+def log_epochs(run, at: float, pace: float) -> None:
+    """Epochs 1-4 of `run` logged and seen `pace` seconds apart after time `at`: a run with a pace of its own."""
+    for n in range(1, 5):
+        log_epoch(run, n, at + pace * n)
+
+
 def test_the_quick_settings_half_of_the_training_images_is_prepared_again_not_trained_on(tmp_path, monkeypatch):
     """data/prepared as `make quickstart` leaves it (half of the training images) is no data for the ledger's runs."""
     from cheaptrain.prepare import write_prepared
@@ -350,8 +356,7 @@ def test_when_a_run_falls_behind_the_newest_run_is_stopped(tmp_path, monkeypatch
     start = time.monotonic()
     older, newer = (training(gpu_session, f"wus:vgg11:{m}", 300.0, start) for m in ("baseline", "wus"))
     for run, pace in ((older, 2.0), (newer, 1.0)):
-        for n in range(1, 5):
-            log_epoch(run, n, start + 10 + pace * n)
+        log_epochs(run, start + 10, pace)
     now = start + 20
     assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.2) is None  # within 1.25x the time left
     assert gpu_session.to_stop([older, newer], now, time_left=196 * 2.0 / 1.3) == (newer, older)  # the older is late
@@ -363,8 +368,7 @@ def test_a_late_run_alone_goes_on(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
     run = training(gpu_session, "wus:vgg11:baseline", 300.0, start)
-    for n in range(1, 5):
-        log_epoch(run, n, start + 10 + 2.0 * n)
+    log_epochs(run, start + 10, 2.0)
     assert run.late(start + 20, time_left=196 * 2.0 / 1.3)
     assert gpu_session.to_stop([run], start + 20, time_left=196 * 2.0 / 1.3) is None
 
@@ -376,8 +380,7 @@ def test_a_log_without_an_epoch_line_in_its_tail_keeps_the_last_epoch_seen(tmp_p
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
     run = training(gpu_session, "wus:vgg11:baseline", 300.0, start)
-    for n in range(1, 5):
-        log_epoch(run, n, start + 10 + 1.0 * n)
+    log_epochs(run, start + 10, 1.0)
     with open(run.spec.log, "a") as log:
         log.write("W1127 torch/_dynamo/convert_frame.py: recompiling\n" * 200)  # 10 KB
     assert run.epoch() == 4
@@ -403,8 +406,7 @@ def test_a_second_run_starts_only_if_both_end_in_time_sharing_the_device(tmp_pat
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
     first = training(gpu_session, "wus:resnet18:baseline", 400.0, start)
-    for n in range(1, 5):
-        log_epoch(first, n, start + 40 + 1.4 * n)
+    log_epochs(first, start + 40, 1.4)
     now = start + 50
     assert first.left_s(now) == pytest.approx(196 * 1.4)  # 274 s
     assert gpu_session.can_start(100.0, [], now, time_left=424)
