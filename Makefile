@@ -58,19 +58,21 @@ bench: $(BIN)/.installed
 	for name in loader malloc dfp wus checkpoint guards shapes; do echo "== benchmarks/$$name.py"; $(BIN)/python benchmarks/$$name.py || exit 1; done
 
 # one run at a paper's setting on CIFAR-10 into the results ledger, through the pipeline (docs/ledger.md);
-# resumes where a stopped one left off. In the background, then commit the entry:
+# resumes where a stopped one left off; LEDGER=retrain replaces an entry that other training code trained (where
+# `python stages/train.py --check` says it stops the run). In the background, then commit the entry:
 #   nohup make ledger STUDY=wus MODEL=alexnet METHOD=wus SEED=1 > wus-1.log 2>&1 &    git add ledger && git commit
 CIFAR10 ?= $(or $(wildcard $(abspath ../shared/datasets/cifar10-jpg.tar.gz)),$(wildcard carry/cifar10-jpg.tar.gz),torchvision)
 THREADS ?= 1
+LEDGER ?= record
 ledger: $(BIN)/.installed
 	@test -n "$(STUDY)" -a -n "$(MODEL)" -a -n "$(METHOD)" -a -n "$(SEED)" || { \
-	  echo "usage: make ledger STUDY=dfp|wus MODEL=<model> METHOD=<method> SEED=<n> [THREADS=1] [CIFAR10=<archive>]"; \
+	  echo "usage: make ledger STUDY=dfp|wus MODEL=<model> METHOD=<method> SEED=<n> [THREADS=1] [CIFAR10=<archive>] [LEDGER=retrain]"; \
 	  exit 2; }
 	PATH="$(abspath $(BIN)):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc exp run --temp \
 	  -n ledger-$(STUDY)-$(MODEL)-$(METHOD)-$(SEED) -S 'download.datasets=[cifar10]' \
 	  -S 'download.cifar10.source=$(CIFAR10)' -S 'grid.dfp.datasets=[cifar10]' -S 'grid.wus.datasets=[cifar10]' \
 	  -S 'grid.$(STUDY).models=[$(MODEL)]' -S 'grid.$(STUDY).methods=[$(METHOD)]' -S 'grid.$(STUDY).seeds=[$(SEED)]' \
-	  -S 'train.threads=$(THREADS)' -S 'train.ledger=record' train_$(STUDY)
+	  -S 'train.threads=$(THREADS)' -S 'train.ledger=$(LEDGER)' train_$(STUDY)
 
 # on a CUDA machine with PyTorch alone (no install, no MLflow, no DVC; docs/gpu.md): several runs of one model at a
 # paper's setting at once (one run leaves a large GPU mostly idle) into the results ledger, each logging to

@@ -17,7 +17,9 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
    a run of it would end in time at 1.5x the fastest rate measured yet. Each measurement is a row of race.csv.
    `--setting NAME` skips the race and measures that setting alone: the runs of a study that earlier leases trained
    keep their setting, so that their times compare;
-3. train: the pending runs (those without a ledger entry) in order, at most --parallel at once. A run starts only
+3. train: the pending runs (those without a ledger entry; with `--retrain-stale` also those whose entry other
+   training code or settings trained on this kind of device, each replacing its entry) in order, at most --parallel
+   at once. A run starts only
    if it ends before the deadline, estimated with every epoch full at its model's rate, plus what a run spends
    outside its epochs (START_S, FIRST_EPOCH), or for a run alone from its model's baseline entry if one trained here
    in this setting and took less (KNOWN_MARGIN), and if every run training now still does (at its own pace, once it
@@ -80,8 +82,9 @@ from gpu_check import (
 
 from cheaptrain import UserError, atomic_write
 from cheaptrain.config import RunConfig, load_params, prepared_train_size, resolve_run, train_size, validate_grid
-from cheaptrain.ledger import read_entry
+from cheaptrain.ledger import differences, read_entry
 from cheaptrain.papers import paper_setting
+from cheaptrain.runner import run_code_version
 from cheaptrain.tracking import device_name as tracked_device
 
 # The WUS runs in the GPU issue's order, then the DFP paper's other networks, each a baseline and a dfp run (one claim
@@ -136,6 +139,7 @@ class Spec:
     model: str
     method: str
     seed: int
+    replaces: str | None = field(default=None, compare=False)  # a stale entry's finished_at: the run retrains it
 
     @property
     def name(self) -> str:
@@ -154,7 +158,13 @@ class Spec:
         return f"{self.study}:{self.model}:{self.method}:{self.seed}"
 
     def done(self) -> bool:
-        return (self.entry / "metrics.json").is_file()
+        """Whether the run's entry is in the ledger (for a retrained run: the one that replaced the stale entry)."""
+        if self.replaces is None:
+            return (self.entry / "metrics.json").is_file()
+        try:  # the ledger swaps an entry whole (ledger.record): absent for a moment, never half-written
+            return json.loads((self.entry / "run.json").read_text()).get("finished_at", "") != self.replaces
+        except (OSError, ValueError):
+            return False
 
 
 def parse_run(text: str) -> Spec:
@@ -277,6 +287,37 @@ def resolve(args: argparse.Namespace) -> dict[Spec, RunConfig]:
                             "to record")  # fmt: skip
         configs[spec] = cfg
     return configs
+
+
+def to_train(
+    session: Session, configs: dict[Spec, RunConfig], retrain_stale: bool, device: torch.device
+) -> dict[Spec, RunConfig]:
+    """The runs to train, each other run said with why: those without a ledger entry, and with `retrain_stale` those
+    whose entry older training code or other settings trained on this kind of device (a CPU's entry retrained on a GPU
+    would mix two devices' times in one network's seeds), each to replace its entry."""
+    pending = {}
+    for spec, cfg in configs.items():
+        if not spec.done():
+            pending[spec] = cfg
+            continue
+        try:
+            entry = read_entry(spec.entry)
+        except UserError as error:
+            session.say(f"{spec.name}: not trained: {error}")
+            continue
+        diffs = "; ".join(differences(entry, cfg, run_code_version(cfg)))
+        where = entry.info.get("device", "")
+        if not diffs:
+            session.say(f"{spec.name}: in the ledger already")
+        elif not retrain_stale:
+            session.say(f"{spec.name}: in the ledger, trained differently ({diffs}): --retrain-stale trains it again")
+        elif where.startswith("cpu") != (device.type == "cpu"):
+            session.say(f"{spec.name}: in the ledger, trained differently on {where}: retrained on that kind of "
+                        "device alone")  # fmt: skip
+        else:
+            session.say(f"{spec.name}: in the ledger, trained differently ({diffs}): trains again, to replace it")
+            pending[replace(spec, replaces=entry.info.get("finished_at", ""))] = cfg
+    return pending
 
 
 def prepare_data(session: Session, archive: Path | None) -> None:
@@ -490,6 +531,7 @@ def start(
 ) -> Training:
     """Start `spec`'s train stage, detached: the run outlives this command while the machine stays."""
     STATE.mkdir(exist_ok=True)
+    overrides = [*overrides, *(["train.ledger=retrain"] if spec.replaces is not None else [])]  # replaces the entry
     command = [sys.executable, str(REPO / "stages/train.py"), "--study", spec.study, "--dataset", "cifar10",
                "--model", spec.model, "--method", spec.method, "--seed", str(spec.seed), "--params", args.params,
                "--no-mlflow", *[word for s in overrides for word in ("-S", s)]]  # fmt: skip
@@ -509,7 +551,7 @@ def say_exited(session: Session, runs: list[Training]) -> None:
 
 def write_state(runs: list[Training]) -> None:
     STATE.mkdir(exist_ok=True)
-    state = [{"run": r.spec.text, "pid": r.pid, "epochs": r.epochs,
+    state = [{"run": r.spec.text, "replaces": r.spec.replaces, "pid": r.pid, "epochs": r.epochs,
               "estimate_s": r.estimate_s, "stopped": r.stopped} for r in runs]  # fmt: skip
     atomic_write(STATE / "state.json", json.dumps(state, indent=1) + "\n")
 
@@ -526,8 +568,9 @@ def collect(session: Session) -> None:
     path = STATE / "state.json"
     if not path.is_file():
         raise UserError(f"{path} is missing: no session started runs here")
-    runs = [Training(parse_run(item["run"]), item["epochs"], item["estimate_s"], None, item["pid"],
-                     stopped=item.get("stopped", False)) for item in json.loads(path.read_text())]  # fmt: skip
+    runs = [Training(replace(parse_run(item["run"]), replaces=item.get("replaces")), item["epochs"],
+                     item["estimate_s"], None, item["pid"], stopped=item.get("stopped", False))
+            for item in json.loads(path.read_text())]  # fmt: skip
     packed = pack(session, [run.spec for run in runs])
     # a run with its entry has ended, though its process may linger as a zombie where nothing reaps orphans
     say_exited(session, runs)
@@ -559,6 +602,7 @@ def detach(session: Session, args: argparse.Namespace) -> int:
     command = [sys.executable, str(work / "repo/benchmarks/gpu_session.py"), str(work / "out"),
                "--minutes", f"{minutes_left:.3f}", "--runs", *[spec.text for spec in args.runs],
                "--parallel", str(args.parallel), "--setting", args.setting,
+               *(["--retrain-stale"] if args.retrain_stale else []),
                "--cifar10", in_copy(args.cifar10, work / "repo"), "--params", in_copy(Path(args.params), work / "repo"),
                "--device", args.device, *(["--quick"] if args.quick else [])]  # fmt: skip
     with open(work / "session.log", "w") as log:
@@ -628,7 +672,10 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run(r) for r in DEFAULT_RUNS],
                         help="STUDY:MODEL:METHOD[:SEED], in order, each at its paper's setting in --params "
                              "(default: WUS's ResNet-18, VGG-11, AlexNet, VGG-16 runs, then DFP's networks; those in "
-                             "the ledger skipped)")  # fmt: skip
+                             "the ledger skipped, but for --retrain-stale)")  # fmt: skip
+    parser.add_argument("--retrain-stale", action="store_true",
+                        help="also train the runs whose entry older training code or other settings trained on this "
+                             "kind of device (GPU or CPU), replacing it")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=2, help="most runs at once (default: %(default)s)")
     parser.add_argument("--setting", choices=["race", *CANDIDATES], default="race",
                         help="the setting of every run: the race's fastest, or one named (default: race)")  # fmt: skip
@@ -683,9 +730,7 @@ def main() -> None:
         if args.return_after is not None:
             sys.exit(detach(session, args))
         prepare_data(session, args.cifar10)
-        for spec in [spec for spec in configs if spec.done()]:
-            session.say(f"{spec.name}: in the ledger already")
-            del configs[spec]
+        configs = to_train(session, configs, args.retrain_stale, device)
         if not configs:
             session.say("nothing to train")
             return

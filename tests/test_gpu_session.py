@@ -76,7 +76,8 @@ def test_the_runs_that_fit_train_into_the_ledger_and_come_back_packed(repo):
     (race,) = read_csv(out / "race.csv")  # on a CPU: eager only
     assert (race["model"], race["setting"], race["device"]) == ("lenet", "eager", "cpu")
     assert float(race["images_per_s"]) > 0
-    assert "dfp/cifar10-lenet-random_prune-s0: in the ledger already" in done.stdout
+    # not an entry the ledger can read: not trained over (the train stage would stop at it too)
+    assert "dfp/cifar10-lenet-random_prune-s0: not trained: ledger entry" in done.stdout
     for method in ("baseline", "dfp"):
         name = f"dfp/cifar10-lenet-{method}-s0"
         assert f"{name}: started" in done.stdout and f"{name}: ended at epoch 2/2" in done.stdout
@@ -126,6 +127,60 @@ def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_b
     state = json.loads((work / "repo/gpu-session/state.json").read_text())
     assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0"]
     assert (repo / "out/session.txt").read_text() == collected.stdout  # the session's lines, from its start
+
+
+def test_retrain_stale_trains_again_a_run_whose_entry_older_code_trained_and_replaces_the_entry(
+    repo, tmp_path, monkeypatch
+):
+    """An entry that older training code trained stops the run's train stage: the session says so and leaves it,
+    and with --retrain-stale trains the run again (train.ledger=retrain), detached as a lease runs it, and brings back
+    the new entry; an entry from another kind of device is left to that kind."""
+    for folder in ("benchmarks", "stages", "src"):  # the detached copy's scripts: this repository's
+        (repo / folder).symlink_to(REPO / folder)
+    run = ["--runs", "dfp:lenet:baseline"]
+    first = session(repo, *run, "--minutes", "8")
+    assert first.returncode == 0, first.stdout + first.stderr
+    entry = repo / "ledger/dfp/cifar10-lenet-baseline-s0"
+    info = json.loads((entry / "run.json").read_text())
+    current, old = info["code_version"], {"code_version": "0123456789abcdef", "finished_at": "2026-01-01T00:00:00Z"}
+    (entry / "run.json").write_text(json.dumps(info | old))
+
+    kept = session(repo, *run, "--minutes", "2")
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert ("dfp/cifar10-lenet-baseline-s0: in the ledger, trained differently (training code: version "
+            f"0123456789abcdef (commit {info['git_commit']}) in the entry, {current} now): --retrain-stale trains it "
+            "again") in kept.stdout  # fmt: skip
+    assert "nothing to train" in kept.stdout and "started" not in kept.stdout
+
+    work = tmp_path / "work"
+    started = session(repo, *run, "--retrain-stale", "--minutes", "8", "--return-after", "0.02", "--workdir", str(work))
+    assert started.returncode == 0, started.stdout + started.stderr
+    collected = session(repo, "--collect", "--minutes", "8")
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    assert "dfp/cifar10-lenet-baseline-s0: in the ledger, trained differently" in collected.stdout
+    assert "trains again, to replace it" in collected.stdout
+    assert "dfp/cifar10-lenet-baseline-s0: ended at epoch 2/2" in collected.stdout
+    with tarfile.open(repo / "out/ledger.tar.gz") as tar:
+        new = json.load(tar.extractfile("ledger/dfp/cifar10-lenet-baseline-s0/run.json"))
+    assert new["code_version"] == current and new["finished_at"] != old["finished_at"]
+    assert new["config"]["ledger"] == "retrain"
+    (state,) = json.loads((work / "repo/gpu-session/state.json").read_text())
+    assert state["replaces"] == old["finished_at"]  # what --collect tells the new entry from the stale one by
+    assert json.loads((entry / "run.json").read_text())["code_version"] == old["code_version"]  # the copy's, not this
+
+    # a CPU's stale entry is retrained on a CPU alone, a GPU's on a GPU
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(repo)
+    spec = gpu_session.parse_run("dfp:lenet:baseline")
+    configs = {spec: gpu_session.resolve_run(small_params(), "dfp", "cifar10", "lenet", "baseline", 0)}
+    (entry / "run.json").write_text(json.dumps(info | old | {"device": "NVIDIA H100 80GB HBM3"}))
+    on_cpu = gpu_session.Session(tmp_path / "out", time.monotonic() + 60)
+    assert gpu_session.to_train(on_cpu, configs, True, torch.device("cpu")) == {}
+    assert on_cpu.lines[-1] == ("dfp/cifar10-lenet-baseline-s0: in the ledger, trained differently on NVIDIA H100 "
+                                "80GB HBM3: retrained on that kind of device alone")  # fmt: skip
+    on_gpu = gpu_session.Session(tmp_path / "out", time.monotonic() + 60)
+    ((retrained, _),) = gpu_session.to_train(on_gpu, configs, True, torch.device("cuda")).items()
+    assert retrained.replaces == old["finished_at"] and not retrained.done()
 
 
 def test_a_detached_session_that_fails_says_why_in_the_command_that_started_it(repo, tmp_path):
