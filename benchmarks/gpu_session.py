@@ -17,14 +17,13 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
    a run of it would end in time at 1.5x the fastest rate measured yet. Each measurement is a row of race.csv.
    `--setting NAME` skips the race and measures that setting alone: the runs of a study that earlier leases trained
    keep their setting, so that their times compare;
-3. train: the pending runs (those without a ledger entry; with `--retrain-stale` also those whose entry other
-   training code or settings trained on this kind of device, each replacing its entry) in order, at most --parallel
-   at once. A run starts only
-   if it ends before the deadline, estimated with every epoch full at its model's rate, plus what a run spends
-   outside its epochs (START_S, FIRST_EPOCH), or for a run alone from its model's baseline entry if one trained here
-   in this setting and took less (KNOWN_MARGIN), and if every run training now still does (at its own pace, once it
-   has one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100 two
-   ResNet-18 runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time
+3. train: the pending runs (those without a ledger entry; with `--retrain-stale` also those whose entry other training
+   code or settings trained on this kind of device, each replacing its entry) in order, at most --parallel at once. A
+   run starts only if it ends before the deadline, estimated with every epoch full at its model's rate, plus what a
+   run spends outside its epochs (START_S, FIRST_EPOCH), or for a run alone from its model's baseline entry if one
+   trained here in this setting and took less (KNOWN_MARGIN), and if every run training now still does (at its own
+   pace, once it has one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100
+   two ResNet-18 runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time
    left, the newest run is stopped, so that the device serves the older ones (a run alone goes on);
 4. pack, into OUT: ledger.tar.gz (the entries of the runs that ended: `tar xzf` it in the repository, then commit
    the entries), logs.tar.gz (each run's log), race.csv, session.txt (everything printed).
