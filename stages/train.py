@@ -168,8 +168,10 @@ def main() -> None:
             listed = "\n".join(f"  - {line}" for line in stops)
             print(
                 f"error: {len(stops)} runs of the grid have a ledger entry trained differently, which stops their "
-                f"train stage:\n{listed}\nRetrain them and replace the entries (-S train.ledger=retrain, or `dvc exp "
-                "run -S train.ledger=retrain`); for other training code, `python -m cheaptrain.replay --stale` first "
+                f"train stage:\n{listed}\nRetrain each and replace its entry on the kind of device that trained it "
+                "(docs/ledger.md): on a CPU `make ledger STUDY=.. MODEL=.. METHOD=.. SEED=.. LEDGER=retrain`, in a GPU "
+                "lease `benchmarks/gpu_session.py .. --retrain-stale`; -S train.ledger=retrain retrains every run it "
+                "trains, matching entries too. For other training code, `python -m cheaptrain.replay --stale` first "
                 "shows whether this code trains them the same.",
                 file=sys.stderr,
             )
