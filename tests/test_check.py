@@ -302,3 +302,24 @@ def test_quick_pipeline_fails_when_the_gate_does(quick):
         params_file.write_text(original)
         run_in(quick, "dvc", "repro")  # the gate passes again: leave the repository as the other tests expect it
     assert "up to date" in run_in(quick, "dvc", "status").stdout
+
+
+def test_a_grid_run_that_ended_at_chance_fails_the_gate_whatever_the_thresholds(tmp_path):
+    """The summary leaves such a run out of every figure, so no threshold sees it: the gate names it itself, also
+    where every run of its configuration collapsed (a row with no accuracy); the ledger's are not gated."""
+    collapsed = {**row("wus", "baseline", 61.0), "seeds": 2, "collapsed_seeds": "2"}
+    every = {k: v for k, v in row("dfp", "baseline", 0.0).items() if k != "acc_mean"} | {
+        "seeds": 0, "collapsed_seeds": "0 1 2"}  # fmt: skip
+    rows = [every, good()[1], collapsed, good()[3]]
+    result = gate(tmp_path, rows, THRESHOLDS)
+    assert result.returncode == 1, result.stdout + result.stderr
+    failed = [line for line in squash(result.stdout).splitlines() if line.startswith("FAIL ")]
+    assert [f for f in failed if "final accuracy at chance" in f] == [
+        "FAIL dfp cifar10/lenet/baseline final accuracy at chance: the network stopped learning (left out of the "
+        "summary's figures) seeds 0 1 2 > chance + 1 pts",
+        "FAIL wus cifar10/lenet/baseline final accuracy at chance: the network stopped learning (left out of the "
+        "summary's figures) seeds 2 > chance + 1 pts",
+    ]
+    assert any("dfp cifar10/lenet/baseline accuracy: no acc_mean" in f for f in failed)  # min_acc: no figure
+    ledger = [r | {"source": "ledger"} for r in rows]
+    assert all(c.status != "FAIL" for c in evaluate(ledger, load_gate({"check": THRESHOLDS})))

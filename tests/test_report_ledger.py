@@ -577,3 +577,64 @@ def test_the_claims_figures_one_legend_lies_beside_the_panels_and_hides_no_dot()
                                      "within noise"])  # fmt: skip
     box = legend.get_window_extent()
     assert not any(box.overlaps(ax.get_window_extent()) for ax in panels)
+
+
+def collapse(folder: Path, from_epoch: int = 30) -> None:
+    """The entry's network stops learning at `from_epoch` and sits at chance (10%) to its end, as AlexNet's baseline of
+    seed 11 did at lr 0.1 (every unit dead): its history and metrics rewritten as the train stage would write them."""
+    history = read_csv(folder / "history.csv")
+    for r in history[from_epoch - 1 :]:
+        r["test_acc"] = "10.0"
+    with open(folder / "history.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+    accs = [float(r["test_acc"]) for r in history]
+    metrics = json.loads((folder / "metrics.json").read_text())
+    metrics |= {"final_acc": accs[-1], "best_acc": max(accs), "best3_acc": sum(sorted(accs)[-3:]) / 3}
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+
+
+def test_a_run_that_ended_at_chance_is_left_out_of_every_figure_and_named(tmp_path):
+    """AlexNet's baseline of seed 3 and WUS+LR's of seed 2 collapse: the baseline's figures are over seeds 0-2, WUS's
+    accuracy Δ over its seeds whose baseline learned ('3 of 4') while its own time saved is over all 4, WUS+LR's
+    figures leave out its own seed 2 as well; the report names both runs and says why a Δ is missing. VGG-11's only
+    baseline collapses: its method has no Δ, the summary round-trips a row with no accuracy."""
+    from cheaptrain.aggregate import load_published
+
+    for method in ("baseline", "wus", "wus_lr"):
+        for seed in (0, 1, 2, 3):
+            folder = write_entry(tmp_path, "wus", "alexnet", method, seed)
+            if (method, seed) in (("baseline", 3), ("wus_lr", 2)):
+                collapse(folder)
+        folder = write_entry(tmp_path, "wus", "vgg11", method, 0)
+        if method == "baseline":
+            collapse(folder)
+    runs = ledger_runs(tmp_path)
+    summary = summarize(runs, {})
+    rows = {(r["model"], r["method"]): r for r in summary}
+    base, wus, wus_lr = (rows["alexnet", m] for m in ("baseline", "wus", "wus_lr"))
+    assert (base["seeds"], base["collapsed_seeds"]) == (3, "3")
+    learned = [r.metrics["final_acc"] for r in runs if (r.model, r.method) == ("alexnet", "baseline") and r.seed < 3]
+    assert base["acc_mean"] == pytest.approx(sum(learned) / 3)
+    assert (wus["seeds"], wus["paired_seeds"], wus["baseline_collapsed_seeds"]) == (4, 3, "3")
+    assert "unpaired_seeds" not in wus and "collapsed_seeds" not in wus
+    assert wus["acc_delta_mean"] == pytest.approx(-0.7)  # a +60-point Δ against the collapsed baseline is not in it
+    assert wus["own_time_saving_pct_ci95"] is not None and wus["updated_params_reduction_pct_mean"] > 70
+    assert (wus_lr["seeds"], wus_lr["collapsed_seeds"], wus_lr["paired_seeds"]) == (3, "2", 2)
+    assert wus_lr["baseline_collapsed_seeds"] == "3" and wus_lr["acc_delta_mean"] == pytest.approx(-0.5)
+    vgg_base, vgg_wus = rows["vgg11", "baseline"], rows["vgg11", "wus"]
+    assert (vgg_base["seeds"], vgg_base["collapsed_seeds"]) == (0, "0") and "acc_mean" not in vgg_base
+    assert "acc_delta_mean" not in vgg_wus and vgg_wus["baseline_collapsed_seeds"] == "0"
+    (tmp_path / "summary.csv").write_text(summary_csv(summary))
+    read = {(r["model"], r["method"]): r for r in read_summary(tmp_path / "summary.csv")}
+    assert read["vgg11", "baseline"]["collapsed_seeds"] == "0" and "acc_mean" not in read["vgg11", "baseline"]
+    assert read["alexnet", "wus_lr"]["baseline_collapsed_seeds"] == "3"
+
+    markdown, (table, _, _), _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    claims = {(r[2], r[3], r[4]): r for r in table.rows if r[1] == "cifar10"}
+    assert claims["alexnet", "wus", "accuracy Δ (points)"][6] == "3 of 4"
+    assert claims["alexnet", "wus", TIME_CLAIM][6] == "4"
+    assert claims["vgg11", "wus", "accuracy Δ (points)"][5] == "— (the baseline of seed 0 ended at chance)"
+    assert "left out of every figure: wus cifar10/alexnet/baseline seed 3 (final 10.00%), wus " in markdown
+    assert "wus cifar10/alexnet/wus_lr seed 2 (final 10.00%), wus cifar10/vgg11/baseline seed 0" in markdown

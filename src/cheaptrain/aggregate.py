@@ -10,10 +10,13 @@ Each method run is paired by seed with the baseline of its configuration (same r
 compute saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged over the
 seeds whose baseline has run (`paired_seeds` of `seeds`; the others: `unpaired_seeds`); the time saved only where
 both runs of each pair trained on one machine: the same device and CPU threads (else `time_unpaired` says which
-pair did not). Every statistic has a mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval
-(3+ seeds): columns `<name>_mean`, `<name>_std`, `<name>_ci95`.
-Wall-clock figures come from each run's robust training time (`cheaptrain.timing`: a few slow epochs do not move it),
-and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
+pair did not). A run that ended at chance accuracy (`collapsed`: the network stopped learning) is left out of every
+figure (`collapsed_seeds`), and a method's run whose baseline did so out of the paired ones
+(`baseline_collapsed_seeds`): a failed baseline is no reference for a method.
+Every statistic has a mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval (3+ seeds): columns
+`<name>_mean`, `<name>_std`, `<name>_ci95`. Wall-clock figures come from each run's robust training time
+(`cheaptrain.timing`: a few slow epochs do not move it), and the two time savings also have a 95% interval, `<name>_lo`
+and `<name>_hi`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cheaptrain import UserError, is_number
+from cheaptrain.config import DATASETS
 from cheaptrain.ledger import entries, grid_runs
 from cheaptrain.timing import RunTime, run_time, seed_interval
 
@@ -39,6 +43,7 @@ BASELINE = "baseline"
 REQUIRED_METRICS = ("final_acc", "best_acc", "best3_acc", "train_time_s", "total_trained_samples", "epochs")
 PAPER_MEASURE = {"dfp": "best3_acc", "wus": "final_acc"}  # the accuracy each paper reports (methods.md)
 MEASURES = ("final_acc", "best3_acc")
+CHANCE_MARGIN = 1.0  # points above chance (100 / classes) a run's final accuracy must exceed to count as trained
 
 # t_{0.975, df} for df = 1..30; beyond that the normal 1.96
 T975 = (
@@ -73,12 +78,14 @@ SUMMARY_COLUMNS = (
     *PUBLISHED,
     "paired_seeds",  # of a method's seeds, how many the paired figures (accuracy Δ, savings) are over
     "unpaired_seeds",  # of a method's seeds, those without a baseline run of the same recipe yet
+    "baseline_collapsed_seeds",  # of a method's seeds, those whose baseline ended at chance: left out of paired figures
+    "collapsed_seeds",  # the configuration's seeds that ended at chance: left out of every figure and of `seeds`
     "time_unpaired",  # why the time saved against the baseline is not given: pairs that trained on other machines
     "mlflow_run_ids",
 )
 TEXT_COLUMNS = (
-    *KEY, "recipe", "source", "devices", "acc_measure", "work_measure", "unpaired_seeds", "time_unpaired",
-    "mlflow_run_ids",
+    *KEY, "recipe", "source", "devices", "acc_measure", "work_measure", "unpaired_seeds", "baseline_collapsed_seeds",
+    "collapsed_seeds", "time_unpaired", "mlflow_run_ids",
 )  # fmt: skip
 PUBLISHED_COLUMNS = ("paper", "table", "dataset", "model", "method", "metric", "value", "unit", "note")
 
@@ -229,33 +236,52 @@ def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
     return {study: chosen.get(study, PAPER_MEASURE.get(study, "final_acc")) for study in studies}
 
 
+def collapsed(run: Run) -> bool:
+    """Whether the run ended at chance accuracy, within CHANCE_MARGIN points of 100 / classes: its network stopped
+    learning (every unit dead after its loss diverged, say), which no figure of a method is compared with."""
+    classes = DATASETS.get(run.dataset)
+    return classes is not None and run.metrics["final_acc"] <= 100 / classes + CHANCE_MARGIN
+
+
+def seed_list(runs: list[Run]) -> str:
+    return " ".join(str(r.seed) for r in runs)
+
+
 def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]:
     """One row per configuration (study, dataset, model, method, recipe): statistics over seeds, methods paired by seed
     with the baseline of the same recipe; wall-clock savings only where both runs of every pair trained on one
-    machine (device and CPU threads)."""
-    baselines = {(*config_key(r)[:3], config_key(r)[4], r.seed): r for r in runs if r.method == BASELINE}
+    machine (device and CPU threads); runs that ended at chance (`collapsed`) left out, and named."""
+
+    def pair_key(r: Run) -> tuple:
+        return (*config_key(r)[:3], config_key(r)[4], r.seed)
+
+    baselines = {pair_key(r): r for r in runs if r.method == BASELINE and not collapsed(r)}
+    failed_baselines = {pair_key(r) for r in runs if r.method == BASELINE and collapsed(r)}
     times = {run_identity(r): run_time(r.history, f"{r.study}/{r.name}") for r in runs}
     summary = []
-    for key, group in itertools.groupby(sorted(runs, key=_order), key=config_key):
-        group = list(group)
+    for key, every in itertools.groupby(sorted(runs, key=_order), key=config_key):
+        every = list(every)
+        group = [r for r in every if not collapsed(r)]
         study, method = key[0], key[3]
         measure = measures.get(study, PAPER_MEASURE.get(study, "final_acc"))
         sources = {r.source for r in group}
         row: dict[str, Any] = dict(zip(KEY, key[:4], strict=True)) | {
             "seeds": len(group),
-            "epochs": int(statistics.fmean(r.metrics["epochs"] for r in group)),
+            "epochs": int(statistics.fmean(r.metrics["epochs"] for r in every)),
             "recipe": key[4],
             "source": "+".join(s for s in SOURCES if s in sources),
             "devices": ", ".join(sorted({r.device for r in group if r.device})),
             "acc_measure": measure,
         }
+        if len(group) < len(every):
+            row["collapsed_seeds"] = seed_list([r for r in every if collapsed(r)])
         values = {name: [r.metrics.get(name) for r in group] for name in ("final_acc", "best3_acc", "train_time_s")}
         values["acc"] = [r.metrics[measure] for r in group]
         for name in ("planned_saving_pct", "updated_params_reduction_pct"):
             values[name] = [r.metrics.get(name) for r in group]
         replicates: dict[str, list[list[float]]] = {}  # per seed, a wall-clock saving's bootstrap replicates
         timed = [times[run_identity(r)] for r in group]
-        if all(timed):
+        if group and all(timed):
             row["work_measure"] = ",".join(sorted({t.work_measure for t in timed}))
             values["robust_train_time_s"] = [t.robust_time_s for t in timed]
             values["first_epoch_s"] = [t.first_epoch_s for t in timed]
@@ -264,12 +290,15 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             values["cheap_time_share"] = [t.cheap_time_share for t in timed]
             values["cheap_work_share"] = [t.cheap_work_share for t in timed]
             replicates["own_time_saving_pct"] = [t.own_saving_replicates for t in timed]
-        partners = [baselines.get((*key[:3], key[4], r.seed)) for r in group]
+        partners = [baselines.get(pair_key(r)) for r in group]
         pairs = [(r, b) for r, b in zip(group, partners, strict=True) if b is not None]
+        alone = [r for r, b in zip(group, partners, strict=True) if b is None]
         if method != BASELINE:  # paired figures are over the seeds whose baseline has run, and say how many
             row["paired_seeds"] = len(pairs)
-            if len(pairs) < len(group):
-                row["unpaired_seeds"] = " ".join(str(r.seed) for r, b in zip(group, partners, strict=True) if b is None)
+            if waiting := [r for r in alone if pair_key(r) not in failed_baselines]:
+                row["unpaired_seeds"] = seed_list(waiting)
+            if failed := [r for r in alone if pair_key(r) in failed_baselines]:
+                row["baseline_collapsed_seeds"] = seed_list(failed)
         if method != BASELINE and pairs:
             values["acc_delta"] = [r.metrics[measure] - b.metrics[measure] for r, b in pairs]
             values["sample_saving_pct"] = [_saving(r, b, "total_trained_samples") for r, b in pairs]
@@ -288,7 +317,7 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
         for name, per_seed in replicates.items():
             row[f"{name}_lo"], row[f"{name}_hi"] = seed_interval(per_seed, row[f"{name}_mean"], row[f"{name}_ci95"])
         for name in MEANS:
-            if all(name in r.metrics for r in group):
+            if group and all(name in r.metrics for r in group):
                 row[f"{name}_mean"] = statistics.fmean(r.metrics[name] for r in group)
         row["mlflow_run_ids"] = " ".join(r.mlflow_run_id for r in group)
         summary.append(row)
@@ -423,8 +452,8 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
                 row[k] = float(v)
             except ValueError as e:
                 raise UserError(f"{path} line {i}: column {k}: {v!r} is not a number") from e
-        if any(k not in row for k in (*KEY, "acc_mean")):
-            raise UserError(f"{path} line {i}: a row needs {', '.join(KEY)} and acc_mean")
+        if any(k not in row for k in KEY) or ("acc_mean" not in row and "collapsed_seeds" not in row):
+            raise UserError(f"{path} line {i}: a row needs {', '.join(KEY)} and acc_mean (or collapsed_seeds)")
         rows.append(row)
     return rows
 

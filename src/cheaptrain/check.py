@@ -3,7 +3,9 @@
 Thresholds are per method. Accuracy is each study's measure (the summary's `acc_measure`: DFP best-3, WUS final), and
 every comparison with the baseline is paired by seed and averaged over seeds (the summary's `*_mean` columns). A
 threshold for a method with no runs is not a violation, nor is a method without thresholds: both are listed as not
-checked. A null threshold switches that check off for that method.
+checked. A null threshold switches that check off for that method. A run that ended at chance accuracy fails the gate
+whatever the thresholds: the summary leaves it out of every figure (`cheaptrain.aggregate.collapsed`), so no
+threshold would see it.
 
 Compute saved (training FLOPs) is the same on any machine, so its gate cannot flake. The wall-clock gates use the
 robust training time (`cheaptrain.timing`) and are evaluated only where params `check.wall_clock` is `gate`, which a
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cheaptrain import UserError, is_number
-from cheaptrain.aggregate import BASELINE, KEY, read_summary
+from cheaptrain.aggregate import BASELINE, CHANCE_MARGIN, KEY, read_summary
 
 GATES = {  # params key: (summary column, "max" for a largest drop or "min" for a smallest value, what, unit)
     "max_acc_drop": ("acc_delta_mean", "max", "accuracy drop vs baseline", "pts"),
@@ -39,6 +41,7 @@ WALL_CLOCK = ("report", "gate")  # check.wall_clock: the first is the default
 NOT_GATED = "not checked (wall-clock reported, not gated: check.wall_clock is report)"
 OPTIONS = ("reference", "reference_margin", "wall_clock")
 BASELINE_GATES = ("min_acc",)  # the baseline is what the others are compared with: only its own accuracy applies
+COLLAPSED = "final accuracy at chance: the network stopped learning (left out of the summary's figures)"
 LEDGER_ONLY = "from the results ledger alone, not the grid (not gated; report.md compares it with the papers)"
 
 
@@ -110,11 +113,15 @@ def _missing(row: dict[str, Any], column: str) -> str:
 
 
 def evaluate(summary: list[dict[str, Any]], gate: Gate, reference: list[dict[str, Any]] | None = None) -> list[Check]:
-    """Every check of the gate, in order: thresholds per method, the reference comparison, then the ledger's own
-    configurations as not checked (module docstring)."""
+    """Every check of the gate, in order: runs that ended at chance, thresholds per method, the reference comparison,
+    then the ledger's own configurations as not checked (module docstring)."""
     ledger_only = [Check("skip", _where(r), LEDGER_ONLY) for r in summary if r.get("source") == "ledger"]
     summary = [r for r in summary if r.get("source") != "ledger"]
-    checks = []
+    checks = [
+        Check("FAIL", _where(r), COLLAPSED, f"seeds {r['collapsed_seeds']}", f"> chance + {CHANCE_MARGIN:g} pts")
+        for r in summary
+        if r.get("collapsed_seeds")
+    ]
     methods = list(dict.fromkeys(r["method"] for r in summary))
     for key, (column, sense, what, unit) in GATES.items():
         for method, limit in gate.thresholds[key].items():

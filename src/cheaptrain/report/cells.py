@@ -40,13 +40,14 @@ PAIRED = ("acc_delta", "sample_saving_pct", "compute_saving_pct", "time_saving_p
 
 
 def paired_seeds(row: dict[str, Any], name: str) -> int:
-    """How many seeds the figure `name` is over: a paired one, those whose baseline has run; any other, all."""
+    """How many seeds the figure `name` is over: a paired one, those whose baseline has run (and learned); any other,
+    all."""
     return int(row.get("paired_seeds", row["seeds"])) if name in PAIRED else int(row["seeds"])
 
 
 def paired_note(row: dict[str, Any], name: str) -> str:
     """' (2 of 3 seeds)' where the paired figure `name` is over fewer seeds than its row (some baselines still to
-    run); '' otherwise."""
+    run, or ended at chance); '' otherwise."""
     over, seeds = paired_seeds(row, name), int(row["seeds"])
     return f" ({over} of {seeds} seeds)" if over < seeds else ""
 

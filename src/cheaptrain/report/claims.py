@@ -9,7 +9,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from cheaptrain.aggregate import BASELINE, KEY, PAPER_MEASURE, Run, config_key, row_key
+from cheaptrain.aggregate import BASELINE, CHANCE_MARGIN, KEY, PAPER_MEASURE, Run, collapsed, config_key, row_key
 from cheaptrain.papers import network_deviations
 from cheaptrain.papers import paper_setting as paper_setting_of
 from cheaptrain.report.cells import (
@@ -185,12 +185,28 @@ def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str
 
 def missing_figure(row: dict[str, Any], name: str) -> str:
     if row.get("acc_delta_mean") is None:
+        if failed := str(row.get("baseline_collapsed_seeds") or "").split():
+            return f"the baseline of seed{'s' * (len(failed) > 1)} {', '.join(failed)} ended at chance"
         if unpaired := str(row.get("unpaired_seeds") or "").split():
             return f"no baseline of seed{'s' * (len(unpaired) > 1)} {', '.join(unpaired)} yet"
         return "no baseline at this setting"
     if name == "own_time_saving_pct":
         return "no per-epoch times"
     return "not in its runs' metrics"
+
+
+def collapsed_note(failed: list[Run]) -> str:
+    """The report's line on the runs that ended at chance accuracy (aggregate.collapsed)."""
+    named = ", ".join(
+        f"{r.study} {r.dataset}/{r.model}/{r.method} seed {r.seed} (final {r.metrics['final_acc']:.2f}%)"
+        for r in sorted(failed, key=lambda r: (r.study, r.dataset, r.model, r.method, r.seed))
+    )
+    return (
+        f"Runs that ended at chance accuracy (within {CHANCE_MARGIN:g} point of 100 / classes: the network stopped "
+        f"learning), left out of every figure: {named}. A method's run of a seed whose baseline did so is left out of "
+        "its accuracy Δ and the other figures paired with the baseline (seeds: '2 of 3'), and counted in its own "
+        "(time saved against its own full epochs, reduction)."
+    )
 
 
 CLAIM_HEADERS = [
@@ -232,6 +248,8 @@ def wus_schedule_table(runs: list[Run], published: dict[tuple, float]) -> Table:
     rows = []
     for run in sorted(runs, key=lambda r: (r.dataset, r.model, r.method, r.seed)):
         if run.study != "wus" or run.method == BASELINE or (run.study, run.dataset, run.model) in networks:
+            continue
+        if collapsed(run):
             continue
         counted, notes = paper_setting(run)
         skip, normal = run.metrics.get("skip_epochs"), run.metrics.get("normal_epochs")
@@ -308,11 +326,13 @@ def paper_scale(
             )
     if excluded:
         notes.append("Ledger runs not at the paper's setting, not counted: " + ", ".join(excluded) + ".")
+    if failed := [run for run in runs if collapsed(run)]:
+        notes.append(collapsed_note(failed))
     claims_table = Table("ledger", "Every published claim", coverage, CLAIM_HEADERS, cells)
     wus = wus_schedule_table(runs, published)
     at_scale = [row for row, _ in chosen.values()]
     keys = {row_key(row) for row in at_scale}
-    at_scale_runs = [run for run in runs if config_key(run) in keys]
+    at_scale_runs = [run for run in runs if config_key(run) in keys and not collapsed(run)]
     implements = implementation_of(runs)
     cost = replace(
         cost_table(

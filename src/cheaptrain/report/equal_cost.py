@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from cheaptrain.aggregate import BASELINE, Run, config_key, describe, row_key
+from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, row_key
 from cheaptrain.report.cells import Column, Table, paired_note, paper, saving_cell, stat
 
 COST_NOTE = (
@@ -79,11 +79,12 @@ def point_text(row: dict[str, Any]) -> str:
 
 
 def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tuple[str, ...], dict[int, float]]:
-    """Per configuration (config_key), each seed's accuracy by its row's measure: two configurations side by side."""
+    """Per configuration (config_key), each seed's accuracy by its row's measure: two configurations side by side.
+    A run that ended at chance (aggregate.collapsed) has none: the summary leaves it out."""
     measures = {row_key(row): row["acc_measure"] for row in summary}
     accuracies: dict[tuple[str, ...], dict[int, float]] = {}
     for run in runs:
-        if (key := config_key(run)) in measures:
+        if (key := config_key(run)) in measures and not collapsed(run):
             accuracies.setdefault(key, {})[run.seed] = run.metrics[measures[key]]
     return accuracies
 
