@@ -581,7 +581,7 @@ def test_the_claims_figures_one_legend_lies_beside_the_panels_and_hides_no_dot()
 
 def collapse(folder: Path, from_epoch: int = 30) -> None:
     """The entry's network stops learning at `from_epoch` and sits at chance (10%) to its end, as AlexNet's baseline of
-    seed 11 did at lr 0.1 (every unit dead): its history and metrics rewritten as the train stage would write them."""
+    seed 11 did at lr 0.1 for 15 epochs: its history and metrics rewritten as the train stage would write them."""
     history = read_csv(folder / "history.csv")
     for r in history[from_epoch - 1 :]:
         r["test_acc"] = "10.0"

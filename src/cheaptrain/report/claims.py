@@ -249,8 +249,6 @@ def wus_schedule_table(runs: list[Run], published: dict[tuple, float]) -> Table:
     for run in sorted(runs, key=lambda r: (r.dataset, r.model, r.method, r.seed)):
         if run.study != "wus" or run.method == BASELINE or (run.study, run.dataset, run.model) in networks:
             continue
-        if collapsed(run):
-            continue
         counted, notes = paper_setting(run)
         skip, normal = run.metrics.get("skip_epochs"), run.metrics.get("normal_epochs")
         if not counted or skip is None or normal is None:
@@ -328,11 +326,12 @@ def paper_scale(
         notes.append("Ledger runs not at the paper's setting, not counted: " + ", ".join(excluded) + ".")
     if failed := [run for run in runs if collapsed(run)]:
         notes.append(collapsed_note(failed))
+    learned = [run for run in runs if not collapsed(run)]  # what the tables and figures below show
     claims_table = Table("ledger", "Every published claim", coverage, CLAIM_HEADERS, cells)
-    wus = wus_schedule_table(runs, published)
+    wus = wus_schedule_table(learned, published)
     at_scale = [row for row, _ in chosen.values()]
     keys = {row_key(row) for row in at_scale}
-    at_scale_runs = [run for run in runs if config_key(run) in keys and not collapsed(run)]
+    at_scale_runs = [run for run in learned if config_key(run) in keys]
     implements = implementation_of(runs)
     cost = replace(
         cost_table(
