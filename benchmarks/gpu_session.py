@@ -289,15 +289,29 @@ def resolve(args: argparse.Namespace) -> dict[Spec, RunConfig]:
 
 
 def to_train(
-    session: Session, configs: dict[Spec, RunConfig], retrain_stale: bool, device: torch.device
+    session: Session,
+    configs: dict[Spec, RunConfig],
+    retrain_stale: bool,
+    device: torch.device,
+    any_device: bool = False,
 ) -> dict[Spec, RunConfig]:
     """The runs to train, each other run said with why: those without a ledger entry, and with `retrain_stale` those
     whose entry older training code or other settings trained on this kind of device (a CPU's entry retrained on a GPU
-    would mix two devices' times in one network's seeds), each to replace its entry."""
+    would mix two devices' times in one network's seeds), each to replace its entry. A method's run whose baseline
+    entry trained on a device of another name waits for that device (`any_device`: trains here too)."""
     pending = {}
+
+    def waits(spec: Spec) -> bool:
+        elsewhere = None if any_device else baseline_elsewhere(spec, pending, device)
+        if elsewhere:
+            session.say(f"{spec.name}: not trained here: its baseline trained on {elsewhere}, and its time saved "
+                        "pairs with its baseline's on one device (--any-device trains it here)")  # fmt: skip
+        return bool(elsewhere)
+
     for spec, cfg in configs.items():
         if not spec.done():
-            pending[spec] = cfg
+            if not waits(spec):
+                pending[spec] = cfg
             continue
         try:
             entry = read_entry(spec.entry)
@@ -313,10 +327,23 @@ def to_train(
         elif where.startswith("cpu") != (device.type == "cpu"):
             session.say(f"{spec.name}: in the ledger, trained differently on {where}: retrained on that kind of "
                         "device alone")  # fmt: skip
-        else:
+        elif not waits(spec):
             session.say(f"{spec.name}: in the ledger, trained differently ({diffs}): trains again, to replace it")
             pending[replace(spec, replaces=entry.info.get("finished_at", ""))] = cfg
     return pending
+
+
+def baseline_elsewhere(spec: Spec, pending: dict[Spec, RunConfig], device: torch.device) -> str | None:
+    """The device of another name on which the baseline entry of `spec`'s seed trained, unless this session trains
+    that baseline again; None for a baseline, or with no such entry."""
+    baseline = replace(spec, method="baseline", replaces=None)
+    if spec.method == "baseline" or baseline in pending or not baseline.done():
+        return None
+    try:
+        where = read_entry(baseline.entry).info.get("device") or ""
+    except UserError:
+        return None  # not an entry the ledger can read: nothing to pair with
+    return where if where and where != tracked_device(str(device)) else None
 
 
 def prepare_data(session: Session, archive: Path | None) -> None:
@@ -601,7 +628,7 @@ def detach(session: Session, args: argparse.Namespace) -> int:
     command = [sys.executable, str(work / "repo/benchmarks/gpu_session.py"), str(work / "out"),
                "--minutes", f"{minutes_left:.3f}", "--runs", *[spec.text for spec in args.runs],
                "--parallel", str(args.parallel), "--setting", args.setting,
-               *(["--retrain-stale"] if args.retrain_stale else []),
+               *(["--retrain-stale"] if args.retrain_stale else []), *(["--any-device"] if args.any_device else []),
                "--cifar10", in_copy(args.cifar10, work / "repo"), "--params", in_copy(Path(args.params), work / "repo"),
                "--device", args.device, *(["--quick"] if args.quick else [])]  # fmt: skip
     with open(work / "session.log", "w") as log:
@@ -675,6 +702,9 @@ def main() -> None:
     parser.add_argument("--retrain-stale", action="store_true",
                         help="also train the runs whose entry older training code or other settings trained on this "
                              "kind of device (GPU or CPU), replacing it")  # fmt: skip
+    parser.add_argument("--any-device", action="store_true",
+                        help="also train a method's run whose baseline entry trained on a device of another name "
+                             "(its accuracy pairs with the baseline's, its time does not)")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=2, help="most runs at once (default: %(default)s)")
     parser.add_argument("--setting", choices=["race", *CANDIDATES], default="race",
                         help="the setting of every run: the race's fastest, or one named (default: race)")  # fmt: skip
@@ -729,7 +759,7 @@ def main() -> None:
         if args.return_after is not None:
             sys.exit(detach(session, args))
         prepare_data(session, args.cifar10)
-        configs = to_train(session, configs, args.retrain_stale, device)
+        configs = to_train(session, configs, args.retrain_stale, device, args.any_device)
         if not configs:
             session.say("nothing to train")
             return

@@ -183,6 +183,40 @@ def test_retrain_stale_trains_again_a_run_whose_entry_older_code_trained_and_rep
     assert retrained.replaces == old["finished_at"] and not retrained.done()
 
 
+def test_a_methods_run_waits_for_the_device_its_baseline_trained_on(repo, tmp_path, monkeypatch):
+    """A method's time saved pairs with its baseline's on one device: a run whose seed's baseline entry trained on a
+    device of another name is left for that device, said so, unless --any-device or this session trains the baseline
+    again."""
+    first = session(repo, "--runs", "dfp:lenet:baseline")
+    assert first.returncode == 0, first.stdout + first.stderr
+    entry = repo / "ledger/dfp/cifar10-lenet-baseline-s0"
+    info = json.loads((entry / "run.json").read_text())
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(repo)
+    specs = [gpu_session.parse_run(f"dfp:lenet:{method}") for method in ("baseline", "dfp")]
+    configs = {
+        spec: gpu_session.resolve_run(small_params(), "dfp", "cifar10", "lenet", spec.method, 0) for spec in specs
+    }
+    cpu = torch.device("cpu")
+
+    def to_train(retrain_stale: bool = False, any_device: bool = False) -> tuple[list[str], list[str]]:
+        said = gpu_session.Session(tmp_path / "out", time.monotonic() + 60)
+        pending = gpu_session.to_train(said, configs, retrain_stale, cpu, any_device)
+        return [spec.method for spec in pending], said.lines
+
+    assert to_train()[0] == ["dfp"]  # here is where its baseline trained
+    monkeypatch.setattr(gpu_session, "tracked_device", lambda device: "NVIDIA H200")  # another device
+    pending, lines = to_train()
+    assert pending == [] and lines[-1] == (
+        f"dfp/cifar10-lenet-dfp-s0: not trained here: its baseline trained on {info['device']}, and its time saved "
+        "pairs with its baseline's on one device (--any-device trains it here)"
+    )
+    assert to_train(any_device=True)[0] == ["dfp"]
+    (entry / "run.json").write_text(json.dumps(info | {"code_version": "0123456789abcdef"}))  # stale
+    assert to_train()[0] == []
+    assert to_train(retrain_stale=True)[0] == ["baseline", "dfp"]  # the baseline trains again here, first
+
+
 def test_a_detached_session_that_fails_says_why_in_the_command_that_started_it(repo, tmp_path):
     for folder in ("benchmarks", "stages", "src"):
         (repo / folder).symlink_to(REPO / folder)
