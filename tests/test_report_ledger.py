@@ -331,6 +331,29 @@ def test_a_time_saving_is_only_paired_on_one_device(tmp_path):
     assert row["time_unpaired"] == f"seed 0 on NVIDIA H100 80GB HBM3, its baseline on {DEVICE}"
 
 
+def test_a_time_saving_is_only_paired_on_cpus_with_the_same_vector_instructions(tmp_path):
+    """Two machines' CPUs of one name (an AMD EPYC with AVX-512, one with AVX2 alone) train at different speeds: a
+    pair whose run.json files name different kernels is not paired on time; one that names none, or a GPU's host,
+    is."""
+    paths = {m: write_entry(tmp_path, "dfp", "lenet", m, 0) / "run.json" for m in ("baseline", "dfp")}
+
+    def dfp_row(baseline: dict, dfp: dict) -> dict:
+        for method, extra in (("baseline", baseline), ("dfp", dfp)):
+            info = json.loads(paths[method].read_text())
+            info.pop("cpu_capability", None)
+            paths[method].write_text(json.dumps(info | extra))
+        (row,) = [r for r in summarize(ledger_runs(tmp_path), {}) if r["method"] == "dfp"]
+        return row
+
+    row = dfp_row({"cpu_capability": "AVX512"}, {"cpu_capability": "AVX2"})
+    assert "time_saving_pct_mean" not in row and "acc_delta_mean" in row
+    assert row["time_unpaired"] == f"seed 0 on {DEVICE} with AVX2, its baseline on {DEVICE} with AVX512"
+    assert "time_saving_pct_mean" in dfp_row({"cpu_capability": "AVX512"}, {"cpu_capability": "AVX512"})
+    assert "time_saving_pct_mean" in dfp_row({"cpu_capability": "AVX512"}, {})  # an older entry says nothing
+    gpu = {"device": "NVIDIA H200"}
+    assert "time_saving_pct_mean" in dfp_row(gpu | {"cpu_capability": "AVX512"}, gpu | {"cpu_capability": "AVX2"})
+
+
 def test_a_time_saving_is_only_paired_on_the_same_cpu_threads_and_the_report_says_why_not(tmp_path):
     for seed in (0, 1):
         write_entry(tmp_path, "wus", "lenet", "baseline", seed)

@@ -9,10 +9,10 @@ devices they trained on.
 Each method run is paired by seed with the baseline of its configuration (same recipe, same seed): accuracy delta,
 compute saved (training FLOPs), time saved and sample-passes saved are computed per pair, then averaged over the
 seeds whose baseline has run (`paired_seeds` of `seeds`; the others: `unpaired_seeds`); the time saved only where
-both runs of each pair trained on one machine: the same device and CPU threads (else `time_unpaired` says which
-pair did not). A run that ended at chance accuracy (`collapsed`: the network stopped learning) is left out of every
-figure (`collapsed_seeds`), and a method's run whose baseline did so out of the paired ones
-(`baseline_collapsed_seeds`): a failed baseline is no reference for a method.
+both runs of each pair trained on one machine: the same device, CPU threads and, on a CPU, vector instructions (else
+`time_unpaired` says which pair did not). A run that ended at chance accuracy (`collapsed`: the network stopped
+learning) is left out of every figure (`collapsed_seeds`), and a method's run whose baseline did so out of the paired
+ones (`baseline_collapsed_seeds`): a failed baseline is no reference for a method.
 Every statistic has a mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval (3+ seeds): columns
 `<name>_mean`, `<name>_std`, `<name>_ci95`. Wall-clock figures come from each run's robust training time
 (`cheaptrain.timing`: a few slow epochs do not move it), and the two time savings also have a 95% interval, `<name>_lo`
@@ -103,6 +103,8 @@ class Run:
     mlflow_run_id: str = ""
     device: str = ""  # run.json's readable device name; empty for runs that predate it
     source: str = "runs"  # runs | ledger
+    # run.json's cpu_capability (AVX2, AVX512): two CPUs of one name can differ in it, and a run's speed with them
+    cpu_kernels: str = ""
 
     @property
     def name(self) -> str:
@@ -140,7 +142,8 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
             raise UserError(f"{folder}/history.csv line {i}: {e}") from e
     numbers = {k: v for k, v in metrics.items() if is_number(v)}
     config, run_id = info.get("config") or {}, info.get("mlflow_run_id") or ""
-    return Run(study, dataset, model, method, seed, numbers, history, config, run_id, info.get("device") or "")
+    device, kernels = info.get("device") or "", info.get("cpu_capability") or ""
+    return Run(study, dataset, model, method, seed, numbers, history, config, run_id, device, cpu_kernels=kernels)
 
 
 def run_folder(runs_root: Path, study: str, dataset: str, model: str, method: str, seed: int) -> Path:
@@ -185,7 +188,8 @@ def ledger_runs(root: Path | None = None) -> list[Run]:
         numbers = {k: v for k, v in entry.metrics.items() if is_number(v)}
         key = (config["study"], config["dataset"], config["model"], config["method"], int(config["seed"]))
         run_id, device = entry.info.get("mlflow_run_id") or "", entry.info.get("device") or ""
-        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger"))
+        kernels = entry.info.get("cpu_capability") or ""
+        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", kernels))
     return runs
 
 
@@ -335,10 +339,14 @@ def _order(run: Run) -> tuple:
 
 
 def machine_difference(run: Run, baseline: Run) -> str:
-    """How a run and its baseline trained on different machines (device, CPU threads), whose wall-clock times
-    therefore do not compare; '' where they trained alike or a run does not say."""
+    """How a run and its baseline trained on different machines (device, CPU threads, a CPU's vector instructions),
+    whose wall-clock times therefore do not compare; '' where they trained alike or a run does not say."""
     if run.device and baseline.device and run.device != baseline.device:
         return f"seed {run.seed} on {run.device}, its baseline on {baseline.device}"
+    on_cpu = run.device.startswith("cpu") and baseline.device.startswith("cpu")
+    if on_cpu and run.cpu_kernels and baseline.cpu_kernels and run.cpu_kernels != baseline.cpu_kernels:
+        return (f"seed {run.seed} on {run.device} with {run.cpu_kernels}, its baseline on {baseline.device} with "
+                f"{baseline.cpu_kernels}")  # fmt: skip
     ours, theirs = run_threads(run), run_threads(baseline)
     if ours and theirs and ours != theirs:
         return f"seed {run.seed} on {threads_text(ours)}, its baseline on {threads_text(theirs)}"
