@@ -18,10 +18,11 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
    `--setting NAME` skips the race and measures that setting alone: the runs of a study that earlier leases trained
    keep their setting, so that their times compare;
 3. train: the pending runs (those without a ledger entry; with `--retrain-stale` also those whose entry other training
-   code or settings trained on this kind of device, each replacing its entry) in order, at most --parallel at once. A
-   run starts only if it ends before the deadline, estimated with every epoch full at its model's rate, plus what a
-   run spends outside its epochs (START_S, FIRST_EPOCH), or for a run alone from its model's baseline entry if one
-   trained here in this setting and took less (KNOWN_MARGIN), and if every run training now still does (at its own
+   code or settings trained on this kind of device, each replacing its entry; a method's run whose baseline entry
+   trained on a device of another name is left for that device, but for --any-device) in order, at most --parallel at
+   once. A run starts only if it ends before the deadline, estimated with every epoch full at its model's rate, plus
+   what a run spends outside its epochs (START_S, FIRST_EPOCH), or for a run alone from its model's baseline entry if
+   one trained here in this setting and took less (KNOWN_MARGIN), and if every run training now still does (at its own
    pace, once it has one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100
    two ResNet-18 runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time
    left, the newest run is stopped, so that the device serves the older ones (a run alone goes on);
