@@ -189,7 +189,7 @@ def ledger_runs(root: Path | None = None) -> list[Run]:
         key = (config["study"], config["dataset"], config["model"], config["method"], int(config["seed"]))
         run_id, device = entry.info.get("mlflow_run_id") or "", entry.info.get("device") or ""
         kernels = entry.info.get("cpu_capability") or ""
-        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", kernels))
+        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", cpu_kernels=kernels))
     return runs
 
 
