@@ -19,20 +19,19 @@ quickstart: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m cheaptrain.quick
 
 # lint, then every test (unit tests and the end-to-end runs of the real stages on the shared CIFAR-10) in two pytest
-# sessions at once: most tests keep one core busy (a stage in a subprocess, then the next). The first session holds
-# every test that reads the quick pipeline (which conftest.py starts in the background for it); the second's output
-# follows the first's. OpenMP threads sleep while waiting: the same results, and no spinning against a neighbour.
-SECOND_HALF := $(addprefix tests/,test_compile.py test_experiments.py test_benchmarks.py test_distributed.py \
-  test_gpu_check.py test_gpu_session.py test_package.py test_trainer.py test_models.py test_replay.py \
-  test_report_ledger.py)
+# sessions at once: most tests keep one core busy (a stage in a subprocess, then the next). They share one queue of
+# test files (tests/conftest.py: each runs the files it claims first), so both stay busy until it is empty. The main
+# session also runs the tests that read the quick pipeline (which conftest.py starts in the background for it); the
+# helper's output follows the main one's. OpenMP threads sleep while waiting: the same results, and no spinning
+# against a neighbour.
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	@export OMP_WAIT_POLICY=PASSIVE; \
-	$(BIN)/python -m pytest $(SECOND_HALF) > .pytest-second.log 2>&1 & second=$$!; \
-	$(BIN)/python -m pytest $(addprefix --ignore=,$(SECOND_HALF)); first=$$?; \
-	wait $$second; status=$$?; echo "== the second session: $(SECOND_HALF)"; cat .pytest-second.log; \
-	test $$first -eq 0 -a $$status -eq 0
+	@export OMP_WAIT_POLICY=PASSIVE CHEAPTRAIN_TEST_QUEUE=$$(mktemp -d); \
+	CHEAPTRAIN_TEST_ROLE=helper $(BIN)/python -m pytest > .pytest-helper.log 2>&1 & helper=$$!; \
+	$(BIN)/python -m pytest; main=$$?; \
+	wait $$helper; status=$$?; echo "== the helper session"; cat .pytest-helper.log; rm -rf "$$CHEAPTRAIN_TEST_QUEUE"; \
+	test $$main -eq 0 -a $$status -eq 0
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

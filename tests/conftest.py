@@ -139,9 +139,70 @@ def needs_quick(item: pytest.Item) -> bool:
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own ordering by fixture scope, which a stable sort keeps
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that read the quick pipeline's outputs run last: it trains in the background meanwhile."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests that read the quick pipeline's outputs run last: it trains in the background meanwhile. A helper
+    session of a shared queue (SHARE_QUEUE) leaves them to the main one, so that the pipeline trains once."""
     items.sort(key=needs_quick)
+    if os.environ.get(SHARE_QUEUE) and os.environ.get(SHARE_ROLE) == "helper":
+        config.hook.pytest_deselected(items=[item for item in items if needs_quick(item)])
+        items[:] = [item for item in items if not needs_quick(item)]
+
+
+# `make test` runs two pytest sessions at once over one queue of test files (a folder): each session runs the files it
+# claims first, so both stay busy until the queue is empty, whatever the machine makes of each file's time (a static
+# split that fits one CPU leaves a session idle for minutes on another). The main session (SHARE_ROLE unset or
+# "main") also runs the tests that read the quick pipeline, last.
+SHARE_QUEUE, SHARE_ROLE = "CHEAPTRAIN_TEST_QUEUE", "CHEAPTRAIN_TEST_ROLE"
+# the files that take longest first, so that the last ones claimed are short and the two sessions end together
+LONGEST_FIRST = (
+    "test_compile.py", "test_reliability.py", "test_gpu_session.py", "test_benchmarks.py", "test_server.py",
+    "test_gpu_check.py", "test_experiments.py", "test_ledger.py", "test_distributed.py", "test_tracking.py",
+)  # fmt: skip
+
+
+def claim(queue: Path, path: Path) -> bool:
+    """True for the one session that claims test file `path` first (an exclusive create is atomic)."""
+    try:
+        os.close(os.open(queue / path.name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def shared_items(session: pytest.Session, queue: Path):
+    """This session's items, in order: those of each file it claims, then (the main session) those reading the
+    quick pipeline. Lazy: a file is claimed when the item before its first one is about to run."""
+    files: dict[Path, list[pytest.Item]] = {}
+    for item in session.items:
+        if not needs_quick(item):
+            files.setdefault(item.path, []).append(item)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    for path in sorted(files, key=lambda p: rank.get(p.name, len(rank))):  # stable: the rest in collection order
+        if claim(queue, path):
+            yield from files[path]
+    yield from (item for item in session.items if needs_quick(item))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """With SHARE_QUEUE set, run the items this session claims (pytest's own loop otherwise). Each item is told the
+    next one it runs, so that module fixtures end with their file and session fixtures with the session."""
+    queue = os.environ.get(SHARE_QUEUE)
+    if not queue or session.config.option.collectonly:
+        return None
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} error{'s' * (session.testsfailed > 1)} during collection")
+    items = shared_items(session, Path(queue))
+    item = next(items, None)
+    while item is not None:
+        nextitem = next(items, None)
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+        item = nextitem
+    return True
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -220,3 +281,71 @@ def grid(repo: Path):
                 for method in g["methods"]:
                     for seed in g["seeds"]:
                         yield study, f"{dataset}-{model}-{method}-s{seed}", params["recipes"][study]["epochs"]
+
+
+def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python path *args` run in this process, as `__main__`: what it printed, and its exit status as the interpreter
+    would make it of a SystemExit. Spares a test the seconds of a new interpreter importing torch again, for a check of
+    what a script says. Any other exception propagates: the test fails. Restored after it: sys.argv, sys.path, the
+    working directory, torch's thread count and global generators, and the modules imported from the script's folder
+    (a script may import another beside it, as `python` puts its folder first on the path)."""
+    import contextlib
+    import io
+    import random
+    import runpy
+
+    import torch
+
+    argv, search_path, cwd, modules = sys.argv, list(sys.path), os.getcwd(), set(sys.modules)
+    threads, python_random, numpy_random = torch.get_num_threads(), random.getstate(), np.random.get_state()
+    sys.argv, sys.path[:0] = [str(path), *args], [str(path.parent)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+                status = 0
+            except SystemExit as exit:
+                status = 0 if exit.code is None else exit.code
+                if not isinstance(status, int):  # sys.exit("message"): the message on stderr, status 1
+                    print(status, file=sys.stderr)
+                    status = 1
+    finally:
+        sys.argv, sys.path[:] = argv, search_path
+        os.chdir(cwd)
+        torch.set_num_threads(threads)
+        random.setstate(python_random)
+        np.random.set_state(numpy_random)
+        for name in set(sys.modules) - modules:
+            if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == path.parent:
+                del sys.modules[name]
+    return subprocess.CompletedProcess([sys.executable, str(path), *args], status, stdout.getvalue(), stderr.getvalue())
+
+
+def run_stage(path: Path, *args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`run_script` of a stage in `cwd`, in the environment of `run_in` with `env` over it: for a test of what a stage
+    says and its exit status where nothing depends on a process of its own. Also restored after it, as a stage changes
+    them for its whole process: the environment (MLflow sets MLFLOW_TRACKING_URI, stages/train.py OMP_WAIT_POLICY), the
+    SIGTERM and SIGINT handlers, and MLflow's tracking URI and active run. Output that a new interpreter would add goes
+    unseen: warnings (pytest records them) and what modules print when first imported."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    # the URI set in MLflow, None if none was (mlflow.get_tracking_uri would resolve one)
+    mlflow_uri = getattr(sys.modules.get("mlflow.tracking._tracking_service.utils"), "_tracking_uri", None)
+    for name in ("MLFLOW_TRACKING_URI", "DVC_ROOT"):
+        os.environ.pop(name, None)
+    os.environ.update({"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"} | (env or {}))
+    os.chdir(cwd)
+    try:
+        return run_script(path, *args)
+    finally:
+        if (mlflow := sys.modules.get("mlflow")) is not None:
+            if mlflow.active_run() is not None:
+                mlflow.end_run()  # as MLflow's exit handler ends it in a stage's own process
+            mlflow.set_tracking_uri(mlflow_uri)  # None: back to MLFLOW_TRACKING_URI or the default
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)

@@ -4,6 +4,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from cheaptrain.prepare import write_prepared
 
-from conftest import synthetic_split
+from conftest import run_script, synthetic_split
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,6 +21,14 @@ def benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), *args], capture_output=True, text=True, cwd=REPO
     )
+
+
+def benchmark_here(monkeypatch: pytest.MonkeyPatch, script: str, *args: str) -> subprocess.CompletedProcess:
+    """`benchmark`, in this process (`run_script`): seconds sooner where the script imports torch."""
+    monkeypatch.chdir(REPO)
+    # glibc's malloc setting, for the whole process: pytest's here
+    monkeypatch.setattr("cheaptrain.runner.keep_freed_memory", lambda: None)
+    return run_script(REPO / "benchmarks" / f"{script}.py", *args)
 
 
 def prepare_tiny(folder: Path, train_size: int | None = None) -> Path:
@@ -37,11 +46,14 @@ def tiny_data(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes"])
-def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(script):
+def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch, script):
     option = {"malloc": "--rounds", "wus": "--batches", "noise": "--threads", "shapes": "--epochs"}.get(
         script, "--repeats"
     )
-    result = benchmark(script, option, "0")
+    # malloc's in a process of its own, as a user runs it (it imports no torch: a fraction of a second); the others
+    # parse the same way here, without starting Python and importing torch again
+    run = benchmark if script == "malloc" else partial(benchmark_here, monkeypatch)
+    result = run(script, option, "0")
     assert result.returncode == 2, result.stderr
     assert f"argument {option}: '0' is not accepted: an integer >= 1" in result.stderr
     assert "Traceback" not in result.stderr
@@ -82,9 +94,14 @@ def test_the_checkpoint_benchmark_times_epochs_without_a_checkpoint_and_with_one
         ("checkpoint", ["--epochs", "1"], "--epochs 1: at least 2"),
     ],
 )  # fmt: skip
-def test_bad_input_to_a_benchmark_is_an_error_line_and_status_2_not_a_traceback(tiny_data, script, args, message):
+def test_bad_input_to_a_benchmark_is_an_error_line_and_status_2_not_a_traceback(
+    monkeypatch, tiny_data, script, args, message
+):
     data = ["--data", tiny_data] if script in ("dfp", "loader") else []  # past the data check, to the bad input
-    result = benchmark(script, *data, *args)
+    # wus's in a process of its own, as a user runs it: run_main's error line and exit status (wus imports the least
+    # of those that reach it); the others here, without starting Python and importing torch again
+    run = benchmark if script == "wus" else partial(benchmark_here, monkeypatch)
+    result = run(script, *data, *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
 

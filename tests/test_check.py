@@ -17,7 +17,7 @@ from cheaptrain import UserError
 from cheaptrain.aggregate import read_summary, summary_csv
 from cheaptrain.check import Check, evaluate, load_gate, render
 
-from conftest import REPO, run_in
+from conftest import REPO, run_in, run_stage
 
 THRESHOLDS = {
     "max_acc_drop": {"dfp": 1.0, "wus": 2.0},
@@ -64,16 +64,21 @@ def squash(text: str) -> str:
 
 
 def gate(
-    tmp_path: Path, rows: list[dict], check: dict, *extra: str, track: bool = False
+    tmp_path: Path, rows: list[dict], check: dict, *extra: str, track: bool = False, in_process: bool = False
 ) -> subprocess.CompletedProcess:
     """Run stages/check.py on a summary of `rows` with params `check`; with `track`, logging it to MLflow (which
-    tests/test_tracking.py checks), else with --no-mlflow."""
+    tests/test_tracking.py checks), else with --no-mlflow. `in_process`: in this process (conftest.run_stage), for
+    bad input that fails before any work; otherwise in its own, whose exit status is the one DVC sees."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"check": check}))
     write(tmp_path / "summary.csv", rows)
-    cmd = [sys.executable, str(REPO / "stages" / "check.py"), "--params", "params.yaml", "--summary", "summary.csv",
-           "--out", "check.json", *([] if track else ["--no-mlflow"]), *extra]  # fmt: skip
+    stage = REPO / "stages" / "check.py"
+    args = ["--params", "params.yaml", "--summary", "summary.csv", "--out", "check.json",
+            *([] if track else ["--no-mlflow"]), *extra]  # fmt: skip
+    if in_process:  # in the environment the process would inherit
+        inherited = {name: os.environ[name] for name in ("MLFLOW_TRACKING_URI", "DVC_ROOT") if name in os.environ}
+        return run_stage(stage, *args, cwd=tmp_path, env=inherited)
     env = os.environ | {"PYTHONPATH": str(REPO / "src")}
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, str(stage), *args], cwd=tmp_path, capture_output=True, text=True, env=env)
 
 
 def test_gate_passes_a_good_summary_and_shows_what_passed(tmp_path):
@@ -236,13 +241,13 @@ def test_bad_thresholds_are_clear_errors(tmp_path, check, message):
     with pytest.raises(UserError, match="invalid params `check`") as info:
         load_gate({"check": check})
     assert message in str(info.value)
-    result = gate(tmp_path, good(), check)
+    result = gate(tmp_path, good(), check, in_process=True)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_accept_makes_the_summary_the_reference_and_a_missing_reference_is_an_error(tmp_path):
     check = THRESHOLDS | {"reference": "reference/quick-summary.csv"}
-    result = gate(tmp_path, good(), check)
+    result = gate(tmp_path, good(), check, in_process=True)
     assert result.returncode == 2 and "python stages/check.py --accept" in result.stderr
     accepted = gate(tmp_path, good(), check, "--accept")
     assert accepted.returncode == 0 and "accepted summary.csv (4 configurations)" in accepted.stdout
@@ -258,12 +263,14 @@ def test_accept_makes_the_summary_the_reference_and_a_missing_reference_is_an_er
 def test_unusable_summary_out_and_reference_paths_are_clear_errors(tmp_path):
     """A binary summary, an --out below a file, and a missing reference named by where its path came from."""
     (tmp_path / "binary.csv").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
-    binary = gate(tmp_path, good(), THRESHOLDS, "--summary", "binary.csv")
+    binary = gate(tmp_path, good(), THRESHOLDS, "--summary", "binary.csv", in_process=True)
     assert binary.returncode == 2 and "binary.csv cannot be read as a text file" in binary.stderr
     (tmp_path / "file").write_text("")
-    below = gate(tmp_path, good(), THRESHOLDS, "--out", "file/check.json")
+    below = gate(tmp_path, good(), THRESHOLDS, "--out", "file/check.json", in_process=True)
     assert below.returncode == 2 and "cannot write file/check.json" in below.stderr
-    missing = gate(tmp_path, good(), THRESHOLDS | {"reference": "accepted.csv"}, "--reference", "other.csv")
+    missing = gate(
+        tmp_path, good(), THRESHOLDS | {"reference": "accepted.csv"}, "--reference", "other.csv", in_process=True
+    )
     assert missing.returncode == 2 and "other.csv (--reference) does not exist" in missing.stderr
     assert "check.reference" not in missing.stderr
     for result in (binary, below, missing):

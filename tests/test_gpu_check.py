@@ -14,7 +14,7 @@ import torch
 from cheaptrain.methods import METHODS, create_method
 from cheaptrain.trainer import fit
 
-from conftest import REPO, read_csv
+from conftest import REPO, read_csv, run_script
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
@@ -81,21 +81,23 @@ def test_quick_mode_measures_concurrent_processes_and_names_the_n_that_pays(quic
 
 
 def test_sections_run_alone_so_that_a_time_limited_machine_can_split_the_check(tmp_path):
-    command = [sys.executable, str(SCRIPT), str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
-    done = subprocess.run([*command, "--sections", "tests"], capture_output=True, text=True, timeout=600)
+    # in this process (the module's fixture runs the script as a user does): no interpreter to start, no torch to import
+    command = [str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
+    done = run_script(SCRIPT, *command, "--sections", "tests")
     assert done.returncode == 0, done.stdout + done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.txt"] and "cuda tests: skipped" in done.stdout
     other_sections = ("training images/s", "every method", "N training processes", "one eager", "variants")  # starts
     assert not [line for line in done.stdout.splitlines() if line.startswith(other_sections)], done.stdout
-    wrong = subprocess.run([*command, "--sections", "speed"], capture_output=True, text=True)
+    wrong = run_script(SCRIPT, *command, "--sections", "speed")
     assert wrong.returncode == 2 and "invalid choice: 'speed'" in wrong.stderr
 
 
 def test_profile_tuning_and_skip_run_on_request_and_say_where_a_steps_time_goes(quick_check, tmp_path):
     assert not {"profile.csv", "tuning.csv", "skip.csv"} & {p.name for p in quick_check[0].iterdir()}  # not by default
-    command = [sys.executable, str(SCRIPT), str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
-    sections = ["--sections", "profile", "tuning", "skip"]
-    done = subprocess.run([*command, *sections], capture_output=True, text=True, timeout=600)
+    # in this process, after the module's fixture ran the script as a user does: no interpreter to start and torch
+    # to import again, and inductor compiles its first graph sooner where this process compiled one before
+    command = [str(tmp_path), "--device", "cpu", "--quick", "--threads", "1"]
+    done = run_script(SCRIPT, *command, "--sections", "profile", "tuning", "skip")
     assert done.returncode == 0, done.stdout + done.stderr
     [row] = read_csv(tmp_path / "profile.csv")
     assert (row["model"], row["compile"], row["batch"]) == ("lenet", "False", "32") and float(row["images_per_s"]) > 0
@@ -162,6 +164,14 @@ def cuda_test_file(folder: Path, body: str) -> Path:
     return tests
 
 
+@pytest.fixture
+def plain_pytest(monkeypatch):
+    """cuda_tests' child pytest without the venv's plugins, which it would import for nothing (hydra's alone: seconds
+    of CPU): it reaches its first test within about a second of CPU."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+@pytest.mark.usefixtures("plain_pytest")
 def test_each_cuda_tests_result_is_in_the_log_as_it_ends_so_a_check_stopped_midway_keeps_it(tmp_path):
     """The second test passes only if the first one's result was already in the log while the tests ran."""
     out, folder = tmp_path / "out", tmp_path / "tests"
@@ -189,6 +199,7 @@ def test_each_cuda_tests_result_is_in_the_log_as_it_ends_so_a_check_stopped_midw
     assert "1 failed, 2 deselected" in (out / "gpu_check.txt").read_text().splitlines()[-1]
 
 
+@pytest.mark.usefixtures("plain_pytest")
 def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path, monkeypatch):
     out, folder = tmp_path / "out", tmp_path / "tests"
     out.mkdir(), folder.mkdir()
@@ -207,11 +218,11 @@ def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path
             threading.Event().wait()  # forever
         """,
     )
-    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 30)  # ample for a child pytest to start on busy cores
+    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 10)  # ample for a plain child pytest on busy cores; all waited
     report = gpu_check.Report(out)
     assert gpu_check.cuda_tests(report, torch.device("cuda"), tests=str(tests)) is False
     assert "test_quick PASSED" in (out / "cuda_tests.log").read_text()
-    assert "cuda tests: FAILED: still running after 30 s" in (out / "gpu_check.txt").read_text()
+    assert "cuda tests: FAILED: still running after 10 s" in (out / "gpu_check.txt").read_text()
 
 
 def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path, monkeypatch):
@@ -261,7 +272,7 @@ def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path,
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_asking_for_cuda_without_it_is_a_one_line_error(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    done = run_script(SCRIPT, str(tmp_path))  # in this process: argparse's error, no torch to import again
     assert done.returncode == 2
     assert (
         done.stderr.strip()

@@ -27,7 +27,7 @@ from cheaptrain import UserError, prepare
 from cheaptrain.data import DataError, load_split
 from cheaptrain.prepare import DATASETS, prepare_dataset, resolve_source, write_prepared
 
-from conftest import REPO
+from conftest import REPO, run_stage
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 PER_CLASS = {"train": 3, "test": 2}
@@ -351,9 +351,8 @@ def test_the_download_stage_names_a_param_of_the_wrong_type(tmp_path: Path, sect
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["download"]["cifar10"] = section
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, str(REPO / "stages" / "download.py"), "--dataset", "cifar10", "--no-mlflow",
-           "--out", "prepared", "--cache", "raw"]  # fmt: skip
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
+    args = ["--dataset", "cifar10", "--no-mlflow", "--out", "prepared", "--cache", "raw"]
+    result = run_stage(REPO / "stages" / "download.py", *args, cwd=tmp_path)  # fails before any work: in this process
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
 

@@ -1,6 +1,7 @@
 """Reliability (issue #6): a killed run resumes exactly where it stopped, in the same MLflow run; bad params, a NaN
 loss, an unusable MLflow store and failed downloads stop early with one clear error; parallel runs share the SQLite
-store. Small synthetic data and LeNet throughout; the real stages run in throwaway copies of the repository."""
+store. Small synthetic data and LeNet throughout; the real stages run in throwaway copies of the repository, or in
+this process where nothing depends on a process of their own."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from cheaptrain.runner import checkpoint_path, train_run
 from cheaptrain.tracking import RunTracker
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
 
-from conftest import BIN, REPO, REQUIRE_DATA, copy_repo, read_csv, require_archive, run_in, synthetic_split
+from conftest import BIN, REPO, REQUIRE_DATA, copy_repo, read_csv, require_archive, run_in, run_stage, synthetic_split
 
 EPOCHS = 6
 NAME = "cifar10-lenet-stateful-s0"
@@ -102,9 +103,27 @@ def stage_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
+def run_args(method: str = "stateful", seed: int = 0) -> list[str]:
+    return ["--study", "dfp", "--dataset", "cifar10", "--model", "lenet", "--method", method, "--seed", str(seed)]
+
+
 def train_cmd(method: str = "stateful", seed: int = 0) -> list[str]:
-    run = ["--study", "dfp", "--dataset", "cifar10", "--model", "lenet", "--method", method, "--seed", str(seed)]
-    return ["python", "stages/train.py", *run]
+    return ["python", "stages/train.py", *run_args(method, seed)]
+
+
+def register_test_methods(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test methods in this process's registry, as reliability_methods.py registers them in make_repo's copy."""
+    for name, cls in (("stateful", Stateful), ("poison", Poison)):
+        monkeypatch.setitem(METHODS, name, cls)
+        monkeypatch.setattr(cls, "name", name)
+
+
+def train_in_process(monkeypatch: pytest.MonkeyPatch, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """stages/train.py run in this process (conftest.run_stage) in `cwd`, as in make_repo's copy: the test methods
+    registered. Its malloc setting is left out: process-wide, and it cannot be undone."""
+    register_test_methods(monkeypatch)
+    monkeypatch.setattr(runner, "keep_freed_memory", lambda: None)
+    return run_stage(REPO / "stages" / "train.py", *args, cwd=cwd, env=env)
 
 
 def results(repo: Path, name: str = NAME) -> tuple[dict, list[dict]]:
@@ -257,9 +276,7 @@ def workdir(tmp_path, monkeypatch, empty_store) -> Path:
     monkeypatch.chdir(tmp_path)
     write_data(tmp_path)
     shutil.copy(empty_store, tmp_path / "mlflow.db")
-    for name, cls in (("stateful", Stateful), ("poison", Poison)):
-        monkeypatch.setitem(METHODS, name, cls)
-        monkeypatch.setattr(cls, "name", name)
+    register_test_methods(monkeypatch)
     return tmp_path
 
 
@@ -666,13 +683,13 @@ def test_a_nan_loss_fails_the_mlflow_run_keeps_the_checkpoint_and_diverges_again
     assert not (workdir / "runs").exists()
 
 
-def test_the_stage_exits_2_on_a_nan_loss_with_the_message(tmp_path, empty_store):
-    repo = make_repo(tmp_path / "repo", empty_store, methods=("poison",))
-    result = run_in(repo, *train_cmd("poison"), check=False, env=ONE_THREAD)
+def test_the_stage_exits_2_on_a_nan_loss_with_the_message(workdir, monkeypatch):
+    (workdir / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("poison",)), sort_keys=False))
+    result = train_in_process(monkeypatch, workdir, *run_args("poison"))
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "became nan in epoch 3" in errors[0] and "marked FAILED" in errors[0]
-    assert only_run(f"sqlite:///{repo / 'mlflow.db'}", "cifar10-lenet-poison-s0").info.status == "FAILED"
+    assert only_run(store_of(workdir), "cifar10-lenet-poison-s0").info.status == "FAILED"
 
 
 # --- the MLflow store --------------------------------------------------------------------------------------
@@ -739,29 +756,33 @@ def test_an_unusable_tracking_store_fails_at_start_before_any_training(workdir, 
     assert not (workdir / "checkpoints").exists() and not (workdir / "runs").exists()
 
 
-def test_the_stage_exits_2_at_once_on_an_unreachable_tracking_server(tmp_path, empty_store):
-    repo = make_repo(tmp_path / "repo", empty_store)
+def test_the_stage_exits_2_at_once_on_an_unreachable_tracking_server(workdir, monkeypatch):
+    (workdir / "params.yaml").write_text(yaml.safe_dump(small_params(), sort_keys=False))
     uri = f"http://127.0.0.1:{closed_port()}"
-    result = run_in(repo, *train_cmd(), check=False, env=ONE_THREAD | {"MLFLOW_TRACKING_URI": uri}, timeout=120)
+    started = time.monotonic()
+    result = train_in_process(monkeypatch, workdir, *run_args(), MLFLOW_TRACKING_URI=uri)
+    assert time.monotonic() - started < 120  # the probe's few retries, not MLflow's minutes of them
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "MLFLOW_TRACKING_URI" in errors[0] and uri in errors[0]
-    assert not (repo / "checkpoints").exists() and not (repo / "runs").exists()
+    assert not (workdir / "checkpoints").exists() and not (workdir / "runs").exists()
 
 
 # --- parallel runs on the SQLite store -------------------------------------------------------------------
 
 
-def test_the_stage_lists_every_bad_param_of_the_grid_and_exits_2_before_any_work(tmp_path):
+def test_the_stage_lists_every_bad_param_of_the_grid_and_exits_2_before_any_work(tmp_path, monkeypatch):
     params = small_params(methods=("baseline",))
     params["recipes"]["dfp"]["epochs"] = 0
     params["recipes"]["wus"]["lr"] = -0.1
     params["grid"]["wus"] = params["grid"]["wus"] | {"models": ["lenet", "resnet81"]}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(params))
     stage = str(REPO / "stages" / "train.py")
-    run = ["--study", "dfp", "--dataset", "cifar10", "--model", "lenet", "--method", "baseline", "--seed", "0"]
-    for args in (run, ["--check"]):
-        result = run_in(tmp_path, "python", stage, *args, "--params", "bad.yaml", check=False)
+    run = [*run_args("baseline"), "--params", "bad.yaml"]
+    # the command of a train stage in its own process, as DVC sees its status (the stage's error path end to end),
+    # then --check in this one
+    in_a_process = run_in(tmp_path, "python", stage, *run, check=False)
+    for result in (in_a_process, train_in_process(monkeypatch, tmp_path, "--check", "--params", "bad.yaml")):
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("error: invalid params:\n")
         problems = result.stderr.splitlines()[1:]
@@ -773,8 +794,8 @@ def test_the_stage_lists_every_bad_param_of_the_grid_and_exits_2_before_any_work
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # no store, no checkpoint, no output
 
     (tmp_path / "good.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",))))
-    result = run_in(tmp_path, "python", stage, "--check", "--params", "good.yaml")
-    assert "every run of the grid has valid params" in result.stdout
+    result = train_in_process(monkeypatch, tmp_path, "--check", "--params", "good.yaml")
+    assert result.returncode == 0 and "every run of the grid has valid params" in result.stdout, result.stderr
 
 
 @pytest.mark.parametrize(
@@ -787,22 +808,22 @@ def test_the_stage_lists_every_bad_param_of_the_grid_and_exits_2_before_any_work
         (None, "methods: missing; accepted: a mapping of method name"),
     ],
 )  # fmt: skip
-def test_check_names_what_only_the_run_tells_and_no_run_leaves_anything_behind(tmp_path, change, problem):
-    repo = make_repo(tmp_path / "repo", None)  # prepared data of 256 training images, LeNet, 6 epochs
+def test_check_names_what_only_the_run_tells_and_no_run_leaves_anything_behind(tmp_path, monkeypatch, change, problem):
+    write_data(tmp_path)  # prepared data of 256 training images; small_params: LeNet, 6 epochs
     params = small_params(methods=("baseline", "dfp") if change and "dfp" in change else ("baseline", "wus"))
     if change is None:
         del params["methods"]
     else:
         params["methods"] |= change
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     method = next(iter(change)) if change else "wus"
     study = "dfp" if method == "dfp" else "wus"
     run = ["--study", study, "--dataset", "cifar10", "--model", "lenet", "--method", method, "--seed", "0"]
     for args in (["--check"], run):
-        result = run_in(repo, "python", "stages/train.py", *args, check=False)
+        result = train_in_process(monkeypatch, tmp_path, *args)
         assert result.returncode == 2 and problem in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
-    assert not (repo / "checkpoints").exists() and not (repo / "runs").exists() and not (repo / "mlflow.db").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "params.yaml"]  # no store, checkpoint or output
 
 
 def train_stage():
@@ -851,7 +872,7 @@ def test_set_creates_a_models_settings_and_a_named_configuration():
         validate_grid(params)
 
 
-def test_check_names_the_runs_whose_ledger_entry_would_stop_them(tmp_path):
+def test_check_names_the_runs_whose_ledger_entry_would_stop_them(tmp_path, monkeypatch):
     """With `train.ledger: record`, a run whose entry another training-code version trained stops its train stage
     (ledger.find), hours into `dvc repro`: `--check` lists it and fails; `train.ledger: retrain` replaces it."""
     from cheaptrain.runner import run_code_version
@@ -872,8 +893,7 @@ def test_check_names_the_runs_whose_ledger_entry_would_stop_them(tmp_path):
         (entry / "run.json").write_text(json.dumps(info | {"git_commit": "c0ffee"}))
         (entry / "metrics.json").write_text(json.dumps({"final_acc": 50.0}))
         (entry / "history.csv").write_text("epoch,test_acc\n1,50.0\n")
-    stage = ("python", str(REPO / "stages" / "train.py"), "--check")
-    result = run_in(tmp_path, *stage, check=False)
+    result = train_in_process(monkeypatch, tmp_path, "--check")
     assert result.returncode == 1, result.stderr
     assert (
         result.stdout.splitlines()[1] == "ledger: 1 of 3 runs reuse their ledger entry, 1 train, 1 would stop at theirs"
@@ -884,11 +904,12 @@ def test_check_names_the_runs_whose_ledger_entry_would_stop_them(tmp_path):
         f"{run_code_version(cfg)} now",
     ]
     assert "-S train.ledger=retrain" in result.stderr and "python -m cheaptrain.replay --stale" in result.stderr
-    retrain = run_in(tmp_path, *stage, "-S", "train.ledger=retrain")
+    retrain = train_in_process(monkeypatch, tmp_path, "--check", "-S", "train.ledger=retrain")
+    assert retrain.returncode == 0, retrain.stderr
     assert retrain.stdout == "params.yaml with -S: every run of the grid has valid params\n"
 
 
-def test_set_trains_with_a_params_value_for_one_command_and_a_bad_one_fails_before_training(tmp_path):
+def test_set_trains_with_a_params_value_for_one_command_and_a_bad_one_fails_before_training(tmp_path, monkeypatch):
     """`stages/train.py -S KEY=VALUE` (a machine without DVC): the run trains with the value and params.yaml stays
     as it was; a bad key, value or form fails in seconds under its name, and no run leaves anything behind."""
     repo = make_repo(tmp_path / "repo", None, methods=("baseline", "wus"))
@@ -902,7 +923,7 @@ def test_set_trains_with_a_params_value_for_one_command_and_a_bad_one_fails_befo
         ("train.compile", "-S 'train.compile': expected KEY=VALUE"),
         ("train.compile=[true", "-S 'train.compile=[true': the value is not valid YAML"),
     ]:
-        result = run_in(repo, "python", "stages/train.py", *run, "-S", bad, check=False)
+        result = train_in_process(monkeypatch, repo, *run, "-S", bad)  # fails before any work: in this process
         assert result.returncode == 2 and problem in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
     assert not (repo / "checkpoints").exists() and not (repo / "runs").exists()

@@ -1,7 +1,8 @@
 """The MLflow store (issues 15, 19): processes that open a new SQLite store at once create its tables one at a time
 and all log every epoch; a store whose migration was interrupted is refused at start in one clear error; every
 experiment is a model-training one, every run names its dataset; the download and check stages log their runs.
-Tiny synthetic data and LeNet; the real stages run in throwaway copies of the repository."""
+Tiny synthetic data and LeNet; the real stages run in throwaway copies of the repository, or in this process where
+nothing depends on a process of their own."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ import pytest
 import torch
 import yaml
 from test_reliability import (
-    ONE_THREAD,
     assert_each_epoch_once,
     make_repo,
     only_run,
+    run_args,
     small_params,
     stage_env,
     train_cmd,
+    train_in_process,
+    write_data,
 )
 
 from cheaptrain import UserError
@@ -44,7 +47,7 @@ from cheaptrain.tracking import (
     stage_tags,
 )
 
-from conftest import REPO, read_csv, run_in, synthetic_split
+from conftest import REPO, read_csv, run_in, run_stage, synthetic_split
 
 SEEDS = tuple(range(4))  # more processes than cores: without the store's lock they migrate it together
 
@@ -201,15 +204,19 @@ def test_a_store_whose_writer_was_killed_mid_transaction_opens_and_is_rolled_bac
     assert sqlite3.connect(path).execute("SELECT name FROM experiments WHERE name = 'dfp'").fetchall() == [("dfp",)]
 
 
-def test_the_stage_refuses_a_half_migrated_default_store_with_exit_2_before_any_training(tmp_path, empty_store):
-    repo = make_repo(tmp_path / "repo", empty_store, methods=("baseline",))
-    break_store(repo / "mlflow.db", "leftover-table")
-    result = run_in(repo, *train_cmd("baseline"), check=False, env=ONE_THREAD, timeout=300)
+def test_the_stage_refuses_a_half_migrated_default_store_with_exit_2_before_any_training(
+    tmp_path, monkeypatch, empty_store
+):
+    write_data(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",)), sort_keys=False))
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    break_store(tmp_path / "mlflow.db", "leftover-table")
+    result = train_in_process(monkeypatch, tmp_path, *run_args("baseline"))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and f"{repo / 'mlflow.db'} is half-migrated" in errors[0], result.stderr
-    assert not list(repo.glob("checkpoints/**/*.pt")) and not (repo / "runs").exists()
+    assert len(errors) == 1 and f"{tmp_path / 'mlflow.db'} is half-migrated" in errors[0], result.stderr
+    assert not list(tmp_path.glob("checkpoints/**/*.pt")) and not (tmp_path / "runs").exists()
 
 
 # --- what the MLflow UI shows --------------------------------------------------------------------------------
@@ -322,11 +329,12 @@ def test_the_download_stage_logs_source_checksum_counts_and_seconds(tmp_path, em
     per_class = {"train": 3, "test": 2}
     archive = tiny_archive(tmp_path / "tiny.tar.gz", per_class)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",))))
-    stage = ("python", str(REPO / "stages" / "download.py"), "--dataset", "cifar10")
+    download = REPO / "stages" / "download.py"
+    stage = ("python", str(download), "--dataset", "cifar10")
     env = {"CIFAR10_SOURCE": str(archive), "DVC_STAGE": "download@cifar10"}
 
-    unusable = f"sqlite:///{tmp_path / 'no' / 'such' / 'mlflow.db'}"
-    result = run_in(tmp_path, *stage, check=False, env=env | {"MLFLOW_TRACKING_URI": unusable})
+    unusable = f"sqlite:///{tmp_path / 'no' / 'such' / 'mlflow.db'}"  # fails before any work: in this process
+    result = run_stage(download, *stage[2:], cwd=tmp_path, env=env | {"MLFLOW_TRACKING_URI": unusable})
     assert result.returncode == 2 and "error: cannot use the MLflow tracking store" in result.stderr
     assert not (tmp_path / "data").exists()  # failed before the download
 
@@ -369,10 +377,13 @@ def test_the_download_stage_prepares_the_data_where_mlflow_is_missing_or_not_wan
 
     archive = tiny_archive(tmp_path / "tiny.tar.gz", {"train": 3, "test": 2})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",))))
-    python = [sys.executable] if flag else [sys.executable, "-c", _WITHOUT_MLFLOW]
-    command = [*python, str(REPO / "stages" / "download.py"), "--dataset", "cifar10", *flag]
-    env = os.environ | {"CIFAR10_SOURCE": str(archive), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env)
+    download, args = REPO / "stages" / "download.py", ["--dataset", "cifar10", *flag]
+    env = {"CIFAR10_SOURCE": str(archive), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    if flag:  # MLflow is there, unused: nothing here depends on the process, so it runs in this one
+        done = run_stage(download, *args, cwd=tmp_path, env=env)
+    else:  # a new interpreter, which cannot import MLflow
+        command = [sys.executable, "-c", _WITHOUT_MLFLOW, str(download), *args]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=os.environ | env)
     assert done.returncode == 0, done.stderr
     assert ("MLflow is not installed: the download is not tracked" in done.stderr) == (not flag)
     assert "cifar10: train 30, test 20 images from" in done.stdout and "MLflow:" not in done.stdout
