@@ -77,12 +77,18 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def start_in(repo: Path, *cmd: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
-    """Start a command in `repo` with this venv first on PATH, in a process group of its own (see `finish`)."""
+def run_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a stage of these tests runs in: this one with this venv first on PATH, no tracking URI or DVC
+    root of the caller's (each test names its own), and `env` over it."""
     full_env = os.environ | {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
     full_env.pop("MLFLOW_TRACKING_URI", None)
     full_env.pop("DVC_ROOT", None)
-    return subprocess.Popen(cmd, cwd=repo, env=full_env | (env or {}), text=True, start_new_session=True, **popen)
+    return full_env | (env or {})
+
+
+def start_in(repo: Path, *cmd: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """Start a command in `repo` in `run_env(env)`, in a process group of its own (see `finish`)."""
+    return subprocess.Popen(cmd, cwd=repo, env=run_env(env), text=True, start_new_session=True, **popen)
 
 
 def finish(process: subprocess.Popen, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
@@ -323,18 +329,18 @@ def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def run_stage(path: Path, *args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`run_script` of a stage in `cwd`, in the environment of `run_in` with `env` over it: for a test of what a stage
-    says and its exit status where nothing depends on a process of its own. Also restored after it, as a stage changes
-    them for its whole process: the environment (MLflow sets MLFLOW_TRACKING_URI, stages/train.py OMP_WAIT_POLICY), the
-    SIGTERM and SIGINT handlers, and MLflow's tracking URI and active run. Output that a new interpreter would add goes
+    """`run_script` of a stage in `cwd`, in `run_env(env)`: for a test of what a stage says and its exit status where
+    nothing depends on a process of its own. Also restored after it, as a stage changes them for its whole process: the
+    environment (MLflow sets MLFLOW_TRACKING_URI, stages/train.py OMP_WAIT_POLICY), the SIGTERM and SIGINT handlers, and
+    MLflow's tracking URI and active run. Output that a new interpreter would add goes
     unseen: warnings (pytest records them) and what modules print when first imported."""
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     # the URI set in MLflow, None if none was (mlflow.get_tracking_uri would resolve one)
     mlflow_uri = getattr(sys.modules.get("mlflow.tracking._tracking_service.utils"), "_tracking_uri", None)
-    for name in ("MLFLOW_TRACKING_URI", "DVC_ROOT"):
-        os.environ.pop(name, None)
-    os.environ.update({"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"} | (env or {}))
+    environment = run_env(env)
+    os.environ.clear()
+    os.environ.update(environment)
     os.chdir(cwd)
     try:
         return run_script(path, *args)

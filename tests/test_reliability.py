@@ -35,7 +35,17 @@ from cheaptrain.runner import checkpoint_path, train_run
 from cheaptrain.tracking import RunTracker
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
 
-from conftest import BIN, REPO, REQUIRE_DATA, copy_repo, read_csv, require_archive, run_in, run_stage, synthetic_split
+from conftest import (
+    REPO,
+    REQUIRE_DATA,
+    copy_repo,
+    read_csv,
+    require_archive,
+    run_env,
+    run_in,
+    run_stage,
+    synthetic_split,
+)
 
 EPOCHS = 6
 NAME = "cifar10-lenet-stateful-s0"
@@ -96,11 +106,8 @@ def make_repo(path: Path, store: Path | None, **params: object) -> Path:
 
 
 def stage_env(**extra: str) -> dict[str, str]:
-    """The environment of conftest.run_in, for processes started with Popen."""
-    env = os.environ | {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"} | ONE_THREAD
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("DVC_ROOT", None)
-    return env | extra
+    """The environment of conftest.run_in, one thread a run, for processes started with Popen."""
+    return run_env(ONE_THREAD | extra)
 
 
 def run_args(method: str = "stateful", seed: int = 0) -> list[str]:

@@ -330,17 +330,17 @@ def test_the_download_stage_logs_source_checksum_counts_and_seconds(tmp_path, em
     archive = tiny_archive(tmp_path / "tiny.tar.gz", per_class)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("baseline",))))
     download = REPO / "stages" / "download.py"
-    stage = ("python", str(download), "--dataset", "cifar10")
+    args = ("--dataset", "cifar10")
     env = {"CIFAR10_SOURCE": str(archive), "DVC_STAGE": "download@cifar10"}
 
     unusable = f"sqlite:///{tmp_path / 'no' / 'such' / 'mlflow.db'}"  # fails before any work: in this process
-    result = run_stage(download, *stage[2:], cwd=tmp_path, env=env | {"MLFLOW_TRACKING_URI": unusable})
+    result = run_stage(download, *args, cwd=tmp_path, env=env | {"MLFLOW_TRACKING_URI": unusable})
     assert result.returncode == 2 and "error: cannot use the MLflow tracking store" in result.stderr
     assert not (tmp_path / "data").exists()  # failed before the download
 
     shutil.copy(empty_store, tmp_path / "store.db")
     store = f"sqlite:///{tmp_path / 'store.db'}"
-    result = run_in(tmp_path, *stage, env=env | {"MLFLOW_TRACKING_URI": store})
+    result = run_in(tmp_path, "python", str(download), *args, env=env | {"MLFLOW_TRACKING_URI": store})
     assert "MLflow: experiment 'download', run " in result.stdout
     client = MlflowClient(store)
     experiments = {e.name: e for e in client.search_experiments()}
