@@ -78,7 +78,6 @@ sys.path.insert(0, str(REPO / "src"))
 
 try:
     import torch
-    from torch._dynamo.utils import counters
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -162,6 +161,14 @@ class Rate:
     skip_reasons: tuple[str, ...]  # inductor's own words, on CUDA
 
 
+def dynamo_counters() -> dict:
+    """torch._dynamo's counters, imported on first use: dynamo takes seconds to import, and gpu_session's commands
+    that train nothing (--collect, a detached session's start) never need it."""
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
 class GraphSkips(logging.Handler):
     """While entered, counts the graphs inductor runs without CUDA graphs though asked for them, and keeps the
     reasons it logs (on CUDA; a CPU has no CUDA graphs, so there it skips each one without a word)."""
@@ -169,7 +176,7 @@ class GraphSkips(logging.Handler):
     LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"  # the `cudagraphs` log artifact
 
     def __enter__(self) -> "GraphSkips":
-        self.before, self.count, self.reasons = counters["inductor"]["cudagraph_skips"], 0, []
+        self.before, self.count, self.reasons = dynamo_counters()["inductor"]["cudagraph_skips"], 0, []
         logging.getLogger(self.LOGGER).addHandler(self)
         return self
 
@@ -178,7 +185,7 @@ class GraphSkips(logging.Handler):
 
     def __exit__(self, *exc: object) -> None:
         logging.getLogger(self.LOGGER).removeHandler(self)
-        self.count = counters["inductor"]["cudagraph_skips"] - self.before
+        self.count = dynamo_counters()["inductor"]["cudagraph_skips"] - self.before
 
 
 def steady_rate(cfg: RunConfig, sizes: Sizes, variant: "Variant | None" = None, t: "Training | None" = None) -> Rate:
@@ -479,12 +486,12 @@ def methods(report: Report, device: torch.device, sizes: Sizes) -> None:
     for compile in (False, True):
         torch._dynamo.reset()
         for name in METHODS:
-            graphs_before = counters["stats"]["unique_graphs"]
+            graphs_before = dynamo_counters()["stats"]["unique_graphs"]
             setting = "compiled" if compile else "eager"
             cfg = config("lenet", str(device), compile, "auto", sizes.batch, epochs=2, method=name)
             try:
                 for epoch in fit(cfg, train, test, create_method(name, cfg.method_args)):
-                    graphs = counters["stats"]["unique_graphs"] - graphs_before  # compiled in this run, so far
+                    graphs = dynamo_counters()["stats"]["unique_graphs"] - graphs_before  # compiled in this run, so far
                     row = {"method": name, "compile": compile, "batch": sizes.batch, "epoch": epoch["epoch"],
                            "samples": epoch["trained_samples"], "pruned": epoch.get("pruned_samples", 0),
                            "phase": epoch.get("phase", ""), "train_loss": round(epoch["train_loss"], 4),

@@ -19,32 +19,58 @@ import yaml
 
 from cheaptrain.prepare import write_prepared
 
-from conftest import REPO, read_csv, synthetic_split
+from conftest import REPO, read_csv, run_script, synthetic_split
 
 SCRIPT = REPO / "benchmarks" / "gpu_session.py"
 # the train stage records a ledger entry only at a paper's setting: each process of these tests gets it made small
-SMALL_PAPER = """from cheaptrain.papers import PAPERS
-PAPERS["dfp"]["recipe"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}
+SMALL_RECIPE = {"epochs": 2, "batch_size": 32, "milestones": [1]}
+SMALL_PAPER = f"""from cheaptrain.papers import PAPERS
+PAPERS["dfp"]["recipe"] |= {SMALL_RECIPE!r}
 """
+BASELINE = "ledger/dfp/cifar10-lenet-baseline-s0"  # the entry of LeNet's baseline run
+
+
+def make_repo(path: Path) -> Path:
+    """A folder to run in: tiny prepared CIFAR-10, params at the (small) paper setting on the CPU."""
+    train, test = synthetic_split(128, seed=1), synthetic_split(64, seed=2)
+    splits = {"train": (train.images, train.labels), "test": (test.images, test.labels)}
+    write_prepared(path / "data/prepared/cifar10", splits, train.classes, {"source": "synthetic"})
+    (path / "params.yaml").write_text(yaml.safe_dump(small_params()))
+    (path / "site").mkdir()
+    (path / "site/sitecustomize.py").write_text(SMALL_PAPER)
+    return path
 
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
-    """A folder to run in: tiny prepared CIFAR-10, params at the (small) paper setting on the CPU."""
-    train, test = synthetic_split(128, seed=1), synthetic_split(64, seed=2)
-    splits = {"train": (train.images, train.labels), "test": (test.images, test.labels)}
-    write_prepared(tmp_path / "data/prepared/cifar10", splits, train.classes, {"source": "synthetic"})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(small_params()))
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site/sitecustomize.py").write_text(SMALL_PAPER)
-    return tmp_path
+    return make_repo(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A session that trained LeNet's baseline and dfp runs, random_prune's in the ledger before it: its folder and
+    what it printed. The tests that need a baseline entry copy this one (`with_baseline`), not train one each."""
+    repo = make_repo(tmp_path_factory.mktemp("trained"))
+    done_before = repo / "ledger/dfp/cifar10-lenet-random_prune-s0"
+    done_before.mkdir(parents=True)
+    (done_before / "metrics.json").write_text("{}")  # in the ledger already: not trained again
+    runs = ["dfp:lenet:baseline", "dfp:lenet:random_prune", "dfp:lenet:dfp:0"]
+    return repo, session(repo, "--runs", *runs, "--minutes", "8")
+
+
+def with_baseline(repo: Path, trained: tuple[Path, subprocess.CompletedProcess]) -> Path:
+    """`repo` given the baseline entry that `trained`'s session trained (the one a session of its own would train
+    there: the same params, data and code): the entry's folder."""
+    assert trained[1].returncode == 0, trained[1].stdout + trained[1].stderr
+    shutil.copytree(trained[0] / BASELINE, repo / BASELINE)
+    return repo / BASELINE
 
 
 def small_params() -> dict:
     """params.yaml at the (small) paper setting on the CPU."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["train"] |= {"device": "cpu", "threads": 1, "ledger": "record"}
-    params["recipes"]["dfp"] |= {"epochs": 2, "batch_size": 32, "milestones": [1]}
+    params["recipes"]["dfp"] |= SMALL_RECIPE
     params["methods"]["dfp"] |= {"window": 2, "starting_point": 1}  # random_prune's too (one YAML node): epoch 1 prunes
     params["download"]["datasets"] = ["cifar10"]
     params["grid"] = {
@@ -64,12 +90,8 @@ def members(path: Path) -> set[str]:
         return {member.name for member in tar.getmembers() if member.isfile()}
 
 
-def test_the_runs_that_fit_train_into_the_ledger_and_come_back_packed(repo):
-    done_before = repo / "ledger/dfp/cifar10-lenet-random_prune-s0"
-    done_before.mkdir(parents=True)
-    (done_before / "metrics.json").write_text("{}")  # in the ledger already: not trained again
-    runs = ["dfp:lenet:baseline", "dfp:lenet:random_prune", "dfp:lenet:dfp:0"]
-    done = session(repo, "--runs", *runs, "--minutes", "8")
+def test_the_runs_that_fit_train_into_the_ledger_and_come_back_packed(trained):
+    repo, done = trained
     assert done.returncode == 0, done.stdout + done.stderr
     out = repo / "out"
     assert (out / "session.txt").read_text() == done.stdout
@@ -130,17 +152,14 @@ def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_b
 
 
 def test_retrain_stale_trains_again_a_run_whose_entry_older_code_trained_and_replaces_the_entry(
-    repo, tmp_path, monkeypatch
+    repo, tmp_path, monkeypatch, trained
 ):
     """An entry that older training code trained stops the run's train stage: the session says so and leaves it,
     and with --retrain-stale trains the run again (train.ledger=retrain), detached as a lease runs it, and brings back
     the new entry; an entry from another kind of device is left to that kind."""
     for folder in ("benchmarks", "stages", "src"):  # the detached copy's scripts: this repository's
         (repo / folder).symlink_to(REPO / folder)
-    run = ["--runs", "dfp:lenet:baseline"]
-    first = session(repo, *run, "--minutes", "8")
-    assert first.returncode == 0, first.stdout + first.stderr
-    entry = repo / "ledger/dfp/cifar10-lenet-baseline-s0"
+    run, entry = ["--runs", "dfp:lenet:baseline"], with_baseline(repo, trained)
     info = json.loads((entry / "run.json").read_text())
     current, old = info["code_version"], {"code_version": "0123456789abcdef", "finished_at": "2026-01-01T00:00:00Z"}
     (entry / "run.json").write_text(json.dumps(info | old))
@@ -183,13 +202,11 @@ def test_retrain_stale_trains_again_a_run_whose_entry_older_code_trained_and_rep
     assert retrained.replaces == old["finished_at"] and not retrained.done()
 
 
-def test_a_methods_run_waits_for_the_device_its_baseline_trained_on(repo, tmp_path, monkeypatch):
+def test_a_methods_run_waits_for_the_device_its_baseline_trained_on(repo, tmp_path, monkeypatch, trained):
     """A method's time saved pairs with its baseline's on one device: a run whose seed's baseline entry trained on a
     device of another name is left for that device, said so, unless --any-device or this session trains the baseline
     again."""
-    first = session(repo, "--runs", "dfp:lenet:baseline")
-    assert first.returncode == 0, first.stdout + first.stderr
-    entry = repo / "ledger/dfp/cifar10-lenet-baseline-s0"
+    entry = with_baseline(repo, trained)
     info = json.loads((entry / "run.json").read_text())
     gpu_session = load_gpu_session()
     monkeypatch.chdir(repo)
@@ -218,16 +235,17 @@ def test_a_methods_run_waits_for_the_device_its_baseline_trained_on(repo, tmp_pa
 
 
 def test_a_detached_session_that_fails_says_why_in_the_command_that_started_it(repo, tmp_path):
+    """The detached session, not the command, finds CIFAR-10 missing (a failed preparation, relayed the same way:
+    test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy)."""
     for folder in ("benchmarks", "stages", "src"):
         (repo / folder).symlink_to(REPO / folder)
-    shutil.rmtree(repo / "data")  # so the session prepares CIFAR-10, from an archive that is not one
-    (repo / "carry").mkdir()
-    (repo / "carry/cifar10.tar.gz").write_text("not an archive")
+    shutil.rmtree(repo / "data")  # so the session prepares CIFAR-10, from an archive that is not there
     work = ["--workdir", str(tmp_path / "w")]
     started = session(repo, "--cifar10", "carry/cifar10.tar.gz", "--return-after", "5", *work)
     assert started.returncode == 1, started.stdout + started.stderr
-    assert "error: preparing CIFAR-10 failed" in started.stdout and "carry/cifar10.tar.gz" in started.stdout
-    assert "preparing CIFAR-10 from" in (repo / "out/detached.log").read_text()  # all it printed, here too
+    why = f"error: data/prepared/cifar10 lacks CIFAR-10's training images and --cifar10 {tmp_path}/w/repo/carry/"
+    assert why in started.stdout, started.stdout
+    assert why in (repo / "out/detached.log").read_text()  # all it printed, here too
 
 
 def test_collect_packs_each_run_as_it_ends_and_returns_at_its_deadline_with_runs_training(repo):
@@ -337,27 +355,38 @@ def test_a_model_whose_run_would_not_end_in_time_even_at_the_fastest_rate_is_not
     assert [row["model"] for row in read_csv(repo / "out/race.csv")] == ["lenet"]
 
 
-def test_a_misnamed_run_or_invalid_params_fail_before_the_race(repo):
-    bad = session(repo, "--runs", "dfp:lenet:no_such_method")
+def session_here(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> subprocess.CompletedProcess:
+    """`session` run in this process (conftest.run_script), for what it says before it measures or trains anything:
+    no interpreter to start and torch to import again. The paper's recipe made small here as SMALL_PAPER makes it in
+    a session's process."""
+    from cheaptrain.papers import PAPERS
+
+    monkeypatch.setitem(PAPERS["dfp"], "recipe", PAPERS["dfp"]["recipe"] | SMALL_RECIPE)
+    monkeypatch.chdir(repo)
+    return run_script(SCRIPT, "out", "--device", "cpu", "--quick", *args)
+
+
+def test_a_misnamed_run_or_invalid_params_fail_before_the_race(repo, monkeypatch):
+    bad = session(repo, "--runs", "dfp:lenet:no_such_method")  # a process of its own: the exit status, end to end
     assert bad.returncode == 1 and "no_such_method" in bad.stdout and not (repo / "out/race.csv").exists()
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["grid"]["dfp"]["methods"].append("dfp_p50")  # window 20: no pruning epoch in 2, as the train stage says
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    invalid = session(repo, "--runs", "dfp:lenet:baseline")
+    invalid = session_here(repo, monkeypatch, "--runs", "dfp:lenet:baseline")
     assert invalid.returncode == 1 and "methods.dfp_p50" in invalid.stdout and not (repo / "out/race.csv").exists()
     params["grid"]["dfp"]["methods"].remove("dfp_p50")
     params["recipes"]["dfp"]["lr"] = 0.05  # not the (small) paper's recipe: the ledger would record nothing
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    elsewhere = session(repo, "--runs", "dfp:lenet:baseline")
+    elsewhere = session_here(repo, monkeypatch, "--runs", "dfp:lenet:baseline")
     assert elsewhere.returncode == 1 and not (repo / "out/race.csv").exists()
     assert "dfp/cifar10-lenet-baseline-s0 is not at its paper's setting (lr 0.05 (paper: 0.1))" in elsewhere.stdout
     params["recipes"]["dfp"]["lr"] = 0.1
     params["train"]["ledger"] = "ignore"  # the train stage would record no entry
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    unrecorded = session(repo, "--runs", "dfp:lenet:baseline")
+    unrecorded = session_here(repo, monkeypatch, "--runs", "dfp:lenet:baseline")
     assert unrecorded.returncode == 1 and not (repo / "out/race.csv").exists()
     assert "train.ledger is ignore in params.yaml" in unrecorded.stdout
-    malformed = session(repo, "--runs", "lenet:baseline")
+    malformed = session_here(repo, monkeypatch, "--runs", "lenet:baseline")
     assert malformed.returncode == 2 and "expected STUDY:MODEL:METHOD" in malformed.stderr
 
 
@@ -554,13 +583,11 @@ def test_a_run_alone_counts_the_races_first_epoch_once_and_beside_others_twice()
     assert beside_one == pytest.approx(gpu_session.START_S + 2 * 18.1 + 2 * epochs)
 
 
-def test_a_run_alone_after_its_models_baseline_is_estimated_from_the_baselines_entry(repo, monkeypatch):
+def test_a_run_alone_after_its_models_baseline_is_estimated_from_the_baselines_entry(repo, monkeypatch, trained):
     """On an H100 the race estimated VGG-16's WUS run at 402 s where it took 290 (its baseline 347): a run alone is
     estimated from its model's baseline entry, when one trained in its recipe on a device of this name in its setting,
     if that says less than the race."""
-    first = session(repo, "--runs", "dfp:lenet:baseline")
-    assert first.returncode == 0, first.stdout + first.stderr
-    baseline = repo / "ledger/dfp/cifar10-lenet-baseline-s0"
+    baseline = with_baseline(repo, trained)
     metrics = json.loads((baseline / "metrics.json").read_text())
     (baseline / "metrics.json").write_text(json.dumps(metrics | {"wall_time_s": 1.0}))  # a run of a second, as said
     gpu_session = load_gpu_session()
@@ -652,6 +679,7 @@ def test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy
     shutil.rmtree(repo / "data")  # so the session prepares CIFAR-10, from the archive named
     started = session(repo, "--cifar10", str(relative / "cifar10.tar.gz"), *work)
     assert started.returncode == 1 and "error: preparing CIFAR-10 failed" in started.stdout, started.stdout
+    assert f"preparing CIFAR-10 from {elsewhere / 'cifar10.tar.gz'}" in (repo / "out/detached.log").read_text()
 
     gpu_session = load_gpu_session()
     copy = tmp_path / "w/repo"
