@@ -243,7 +243,8 @@ def test_a_detached_session_that_fails_says_why_in_the_command_that_started_it(r
     work = ["--workdir", str(tmp_path / "w")]
     started = session(repo, "--cifar10", "carry/cifar10.tar.gz", "--return-after", "5", *work)
     assert started.returncode == 1, started.stdout + started.stderr
-    why = f"error: data/prepared/cifar10 lacks CIFAR-10's training images and --cifar10 {tmp_path}/w/repo/carry/"
+    archive = tmp_path.resolve() / "w/repo/carry/cifar10.tar.gz"  # the copy's (in_copy)
+    why = f"error: data/prepared/cifar10 lacks CIFAR-10's training images and --cifar10 {archive} is not a file"
     assert why in started.stdout, started.stdout
     assert why in (repo / "out/detached.log").read_text()  # all it printed, here too
 
