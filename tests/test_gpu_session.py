@@ -663,7 +663,9 @@ def test_a_new_session_is_refused_while_runs_of_an_earlier_one_still_train(tmp_p
         running.kill()
 
 
-def test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy(repo, tmp_path, tmp_path_factory):
+def test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy(
+    repo, tmp_path, tmp_path_factory, monkeypatch
+):
     """The session runs in a copy of the checkout: a relative --params or --cifar10 outside it still names its file,
     and the defaults name the copy's own (`carry/` and params.yaml, copied with the checkout)."""
     for folder in ("benchmarks", "stages", "src"):
@@ -675,7 +677,7 @@ def test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy
     (elsewhere / "cifar10.tar.gz").write_text("not an archive")
     work = ["--workdir", str(tmp_path / "w"), "--return-after", "5"]
     relative = Path("..") / elsewhere.name
-    started = session(repo, "--params", str(relative / "params.yaml"), *work)
+    started = session_here(repo, monkeypatch, "--params", str(relative / "params.yaml"), *work)  # before detaching
     assert started.returncode == 1 and "methods.dfp_p50" in started.stdout, started.stdout + started.stderr
     shutil.rmtree(repo / "data")  # so the session prepares CIFAR-10, from the archive named
     started = session(repo, "--cifar10", str(relative / "cifar10.tar.gz"), *work)
