@@ -28,6 +28,7 @@ SMALL_PAPER = f"""from cheaptrain.papers import PAPERS
 PAPERS["dfp"]["recipe"] |= {SMALL_RECIPE!r}
 """
 BASELINE = "ledger/dfp/cifar10-lenet-baseline-s0"  # the entry of LeNet's baseline run
+QUICK_ON_CPU = ("out", "--device", "cpu", "--quick")  # what `session` and `session_here` pass before their own
 
 
 def make_repo(path: Path) -> Path:
@@ -80,7 +81,7 @@ def small_params() -> dict:
 
 
 def session(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(SCRIPT), "out", "--device", "cpu", "--quick", *args]
+    command = [sys.executable, str(SCRIPT), *QUICK_ON_CPU, *args]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo / "site"), "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600, env=env)
 
@@ -364,7 +365,7 @@ def session_here(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> sub
 
     monkeypatch.setitem(PAPERS["dfp"], "recipe", PAPERS["dfp"]["recipe"] | SMALL_RECIPE)
     monkeypatch.chdir(repo)
-    return run_script(SCRIPT, "out", "--device", "cpu", "--quick", *args)
+    return run_script(SCRIPT, *QUICK_ON_CPU, *args)
 
 
 def test_a_misnamed_run_or_invalid_params_fail_before_the_race(repo, monkeypatch):
