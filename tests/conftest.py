@@ -154,12 +154,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if not needs_quick(item)]
 
 
-# `make test` runs two pytest sessions at once over one queue of test files (a folder): each session runs the files it
-# claims first, so both stay busy until the queue is empty, whatever the machine makes of each file's time (a static
+# `make test` runs several pytest sessions at once over one queue of test files (a folder): each session runs the files
+# it claims first, so all stay busy until the queue is empty, whatever the machine makes of each file's time (a static
 # split that fits one CPU leaves a session idle for minutes on another). The main session (SHARE_ROLE unset or
-# "main") also runs the tests that read the quick pipeline, last.
+# "main") also runs the tests that read the quick pipeline, last; the helpers ("helper") leave those out.
 SHARE_QUEUE, SHARE_ROLE = "CHEAPTRAIN_TEST_QUEUE", "CHEAPTRAIN_TEST_ROLE"
-# the files that take longest first, so that the last ones claimed are short and the two sessions end together
+# the files that take longest first, so that the last ones claimed are short and the sessions end together
 LONGEST_FIRST = (
     "test_compile.py", "test_reliability.py", "test_gpu_session.py", "test_benchmarks.py", "test_server.py",
     "test_gpu_check.py", "test_experiments.py", "test_ledger.py", "test_distributed.py", "test_tracking.py",

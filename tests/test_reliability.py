@@ -193,9 +193,12 @@ def wait_for_checkpoint(proc: subprocess.Popen, repo: Path, epochs: int) -> None
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, empty_store) -> tuple[dict, list[dict]]:
-    """The uninterrupted run of the stage, in its own copy of the repository."""
+    """The uninterrupted run of the stage, in its own copy of the repository; in this process (one thread, as the
+    stage's processes train): what is compared is the training's figures, not a process's."""
     repo = make_repo(tmp_path_factory.mktemp("reference") / "repo", empty_store)
-    run_in(repo, *train_cmd(), env=ONE_THREAD)
+    with pytest.MonkeyPatch.context() as patch:
+        done = train_in_process(patch, repo, *run_args())
+    assert done.returncode == 0, done.stderr
     return results(repo)
 
 
@@ -382,8 +385,8 @@ def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_the
     """`python stages/train.py --running`: a run killed after epoch 3 is stopped until its command runs again, unless
     other training code, other prepared data or another kind of device wrote its checkpoint."""
     stage = [sys.executable, str(REPO / "stages" / "train.py"), "--running"]
-    done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
-    assert done.stdout == "no run under way (no checkpoint in checkpoints/)\n"
+    done = train_in_process(monkeypatch, workdir, "--running")
+    assert (done.returncode, done.stdout) == (0, "no run under way (no checkpoint in checkpoints/)\n")
     crash_at_log_of(3, monkeypatch)
     (line,) = runner.runs_under_way("cpu")  # params train.device, as the stage passes it
     acc = torch.load(checkpoint_path(config()), weights_only=False)["history"][-1]["test_acc"]
@@ -391,7 +394,7 @@ def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_the
                         "stopped: the command that started it resumes it", line)  # fmt: skip
     head = line.split(", stopped")[0]
     with open(checkpoint_path(config()).with_suffix(".lock")) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # as the training process holds it
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the training process holds it: another process lists it
         done = subprocess.run(stage, capture_output=True, text=True, cwd=workdir, check=True)
     assert done.stdout == f"{head}, training now\n"
     written = checkpoint_path(config()).stat()
@@ -403,8 +406,8 @@ def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_the
 
     afresh = f"{head}, stopped, would start afresh: it was written with different"
     (workdir / "params.yaml").write_text(yaml.safe_dump(small_params()))  # train.device: cpu
-    done = subprocess.run([*stage, "-S", "train.device=cuda"], capture_output=True, text=True, cwd=workdir, check=True)
-    assert done.stdout == f"{afresh} device than here\n"
+    done = train_in_process(monkeypatch, workdir, "--running", "-S", "train.device=cuda")
+    assert (done.returncode, done.stdout) == (0, f"{afresh} device than here\n")
     rewrite(data="0123456789abcdef")  # from data prepared otherwise than data/prepared/cifar10's
     assert runner.runs_under_way("cpu") == [f"{afresh} prepared data than here"]
     assert runner.runs_under_way("cuda:0") == [f"{afresh} prepared data and device than here"]
