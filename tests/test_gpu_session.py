@@ -49,13 +49,14 @@ def repo(tmp_path) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A session that trained LeNet's baseline and dfp runs, random_prune's in the ledger before it: its folder and
-    what it printed. The tests that need a baseline entry copy this one (`with_baseline`), not train one each."""
+    """A session that trained LeNet's baseline and dfp runs (random_prune's in the ledger before it), then measured
+    AlexNet and trained its baseline: its folder and what it printed. The tests that need a baseline entry copy
+    LeNet's (`with_baseline`), not train one each."""
     repo = make_repo(tmp_path_factory.mktemp("trained"))
     done_before = repo / "ledger/dfp/cifar10-lenet-random_prune-s0"
     done_before.mkdir(parents=True)
     (done_before / "metrics.json").write_text("{}")  # in the ledger already: not trained again
-    runs = ["dfp:lenet:baseline", "dfp:lenet:random_prune", "dfp:lenet:dfp:0"]
+    runs = ["dfp:lenet:baseline", "dfp:lenet:random_prune", "dfp:lenet:dfp:0", "dfp:alexnet:baseline"]
     return repo, session(repo, "--runs", *runs, "--minutes", "8")
 
 
@@ -96,22 +97,26 @@ def test_the_runs_that_fit_train_into_the_ledger_and_come_back_packed(trained):
     assert done.returncode == 0, done.stdout + done.stderr
     out = repo / "out"
     assert (out / "session.txt").read_text() == done.stdout
-    (race,) = read_csv(out / "race.csv")  # on a CPU: eager only
-    assert (race["model"], race["setting"], race["device"]) == ("lenet", "eager", "cpu")
-    assert float(race["images_per_s"]) > 0
+    race = read_csv(out / "race.csv")  # on a CPU: eager only
+    assert [(row["model"], row["setting"], row["device"]) for row in race] == [
+        ("lenet", "eager", "cpu"),
+        ("alexnet", "eager", "cpu"),
+    ]
+    assert all(float(row["images_per_s"]) > 0 for row in race)
     # not an entry the ledger can read: not trained over (the train stage would stop at it too)
     assert "dfp/cifar10-lenet-random_prune-s0: not trained: ledger entry" in done.stdout
-    for method in ("baseline", "dfp"):
-        name = f"dfp/cifar10-lenet-{method}-s0"
+    trained_runs = ("lenet-baseline", "lenet-dfp", "alexnet-baseline")
+    for run_name in trained_runs:
+        name = f"dfp/cifar10-{run_name}-s0"
         assert f"{name}: started" in done.stdout and f"{name}: ended at epoch 2/2" in done.stdout
         run = json.loads((repo / "ledger" / name / "run.json").read_text())
         assert run["config"]["compile"] is False and run["config"]["device"] == "cpu"  # the race's choice, recorded
-    expected = {f"ledger/dfp/cifar10-lenet-{m}-s0/{f}" for m in ("baseline", "dfp") for f in ("run.json",
-                "metrics.json", "history.csv")}  # fmt: skip
+    expected = {f"ledger/dfp/cifar10-{r}-s0/{f}" for r in trained_runs for f in ("run.json", "metrics.json",
+                "history.csv")}  # fmt: skip
     assert members(out / "ledger.tar.gz") == expected
-    assert members(out / "logs.tar.gz") == {f"gpu-session/dfp-cifar10-lenet-{m}-s0.log" for m in ("baseline", "dfp")}
+    assert members(out / "logs.tar.gz") == {f"gpu-session/dfp-cifar10-{r}-s0.log" for r in trained_runs}
     state = json.loads((repo / "gpu-session/state.json").read_text())
-    assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0"]
+    assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0", "dfp:alexnet:baseline:0"]
 
     collected = session(repo, "--collect", "--minutes", "1")  # nothing left training: packs the same at once
     assert collected.returncode == 0, collected.stdout + collected.stderr
@@ -336,13 +341,16 @@ def test_a_run_that_cannot_end_before_the_deadline_is_not_started(repo):
     assert members(repo / "out/ledger.tar.gz") == set() and not (repo / "ledger").exists()
 
 
-def test_each_model_measured_is_a_row_of_race_csv(repo):
-    done = session(repo, "--runs", "dfp:lenet:baseline", "dfp:alexnet:baseline", "--minutes", "8")
+def test_each_model_measured_is_a_row_of_race_csv(trained):
+    repo, done = trained
     assert done.returncode == 0, done.stdout + done.stderr
     assert [(row["model"], row["setting"]) for row in read_csv(repo / "out/race.csv")] == [
         ("lenet", "eager"),
-        ("alexnet", "eager"),  # measured once the lenet run ended, then trained
+        ("alexnet", "eager"),  # measured once the lenet runs ended, then trained
     ]
+    said = done.stdout.index
+    lenet_packed = said("the entries of 2 runs (dfp/cifar10-lenet-baseline-s0, dfp/cifar10-lenet-dfp-s0)")
+    assert lenet_packed < said("\nalexnet ") < said("dfp/cifar10-alexnet-baseline-s0: started")
     assert "dfp/cifar10-alexnet-baseline-s0: ended at epoch 2/2" in done.stdout
 
 
