@@ -2,7 +2,7 @@
 # the project first (needs Python 3.11+); gpu-check and gpu-ledger use the machine's own PyTorch.
 PYTHON ?= python3
 VENV := .venv
-SESSIONS ?= 3            # pytest sessions of `make test` (see there)
+SESSIONS ?= 2            # pytest sessions of `make test`: the cores (see there)
 BIN := $(VENV)/bin
 
 .PHONY: quickstart test lint bench server gpu-check ledger gpu-ledger
@@ -22,12 +22,11 @@ quickstart: $(BIN)/.installed
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m cheaptrain.quick
 
 # lint, then every test (unit tests and the end-to-end runs of the real stages on the shared CIFAR-10) in SESSIONS
-# pytest sessions at once: most tests keep one core busy at most (a stage in a subprocess, then the next), and many wait
-# on one part of the time (a server starting, a run being killed), so one session more than two cores keeps both busy.
-# They share one queue of test files (tests/conftest.py: each runs the files it claims first), so all stay busy until
-# it is empty. The main session also runs the tests that read the quick pipeline (which conftest.py starts in the
-# background for it); the helpers' output follows the main one's. OpenMP threads sleep while waiting: the same
-# results, and no spinning against a neighbour.
+# pytest sessions at once, one a core: most tests keep one core busy (a stage in a subprocess, then the next), and two
+# keep 2 cores 98-100% busy (a third measured no faster, docs/measured.md). They share one queue of test files
+# (tests/conftest.py: each runs the files it claims first), so all stay busy until it is empty. The main session also
+# runs the tests that read the quick pipeline (which conftest.py starts in the background for it); the helpers' output
+# follows the main one's. OpenMP threads sleep while waiting: the same results, and no spinning against a neighbour.
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
