@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -209,6 +210,44 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
             raise session.Interrupted(session.shouldstop)
         item = nextitem
     return True
+
+
+# CI's length on a machine of few cores is the CPU time of the tests, not their wall time (a test waiting for a core
+# looks long in --durations): each session also lists the tests that took the most CPU seconds. A test's are its own
+# process's and those of the processes it started and waited for; a process it left running (inductor's compile
+# workers, a server shut down by the session) counts where it ends. The quick pipeline's count on the first test
+# that waits for it.
+CPU_SECONDS: dict[str, float] = {}
+CPU_LISTED = 15
+
+
+def cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    before = cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        CPU_SECONDS[item.nodeid] = cpu_seconds() - before
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The tests and test files that took the most CPU seconds (setup and teardown included), and the session's
+    total: what LONGEST_FIRST orders by."""
+    if not CPU_SECONDS:
+        return
+    files: dict[str, float] = {}
+    for nodeid, seconds in CPU_SECONDS.items():
+        files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + seconds
+    for title, times in (("tests", CPU_SECONDS), ("test files", files)):
+        terminalreporter.write_sep("=", f"most CPU seconds ({title}): {min(CPU_LISTED, len(times))} of {len(times)}")
+        for name, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:CPU_LISTED]:
+            terminalreporter.write_line(f"{seconds:7.1f}s {name}")
+    terminalreporter.write_line(f"{sum(CPU_SECONDS.values()):7.1f}s in all, this session's tests")
 
 
 @pytest.fixture(scope="session", autouse=True)
