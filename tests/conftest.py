@@ -215,8 +215,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
 # CI's length on a machine of few cores is the CPU time of the tests, not their wall time (a test waiting for a core
 # looks long in --durations): each session also lists the tests that took the most CPU seconds. A test's are its own
 # process's and those of the processes it started and waited for; a process it left running (inductor's compile
-# workers, a server shut down by the session) counts where it ends. The quick pipeline's count on the first test
-# that waits for it.
+# workers, a server shut down by the session) counts where it ends. The quick pipeline's seconds count on the test
+# that waits for it first (and reaps it).
 CPU_SECONDS: dict[str, float] = {}
 CPU_LISTED = 15
 
@@ -242,7 +242,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
         return
     files: dict[str, float] = {}
     for nodeid, seconds in CPU_SECONDS.items():
-        files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + seconds
+        path = nodeid.split("::")[0]
+        files[path] = files.get(path, 0.0) + seconds
     for title, times in (("tests", CPU_SECONDS), ("test files", files)):
         terminalreporter.write_sep("=", f"most CPU seconds ({title}): {min(CPU_LISTED, len(times))} of {len(times)}")
         for name, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:CPU_LISTED]:

@@ -32,7 +32,7 @@ def test_sleeping():  # the longest in wall time; some CPU seconds of its own, m
 def test_the_cpu_summary_ranks_by_cpu_seconds_with_waited_for_children_not_by_wall_time(tmp_path):
     (tmp_path / "test_probe.py").write_text(textwrap.dedent(PROBE))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHEAPTRAIN_TEST_")}  # not make test's queue
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = str(REPO / "tests")  # conftest, as a plugin (-p); the package is installed
     command = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "test_probe.py"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
