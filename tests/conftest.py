@@ -278,16 +278,17 @@ def quick_started(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def loaded_started(request, tmp_path_factory):
+def loaded_started(request, tmp_path_factory, quick_started):
     """Starts test_noise's loaded runs (`test_noise.start_loaded`) at the start of the session when one of its tests
-    is selected, so that they train beside the quick pipeline and the other tests, not after them. Yields
-    (repository, process, log file), or None."""
-    if not SHARED_ARCHIVE.is_file() or not any(item.path.name == "test_noise.py" for item in request.session.items):
+    is selected, so that they train beside the quick pipeline and the other tests, not after them; they read the
+    quick pipeline's prepared data (its tests read the quick pipeline, which is started too). Yields (repository,
+    process, log file), or None."""
+    if quick_started is None or not any(item.path.name == "test_noise.py" for item in request.session.items):
         yield None
         return
     from test_noise import start_loaded
 
-    started = start_loaded(tmp_path_factory.mktemp("loaded"))
+    started = start_loaded(tmp_path_factory.mktemp("loaded"), quick_started[0])
     yield started
     if (process := started[1]).poll() is None:
         os.killpg(process.pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ import yaml
 from cheaptrain import UserError
 from cheaptrain.aggregate import (
     SUMMARY_COLUMNS,
+    Run,
     accuracy_measures,
     add_published,
     collect,
@@ -31,7 +32,7 @@ from cheaptrain.aggregate import (
 )
 from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
 from cheaptrain.report.equal_cost import cost_table, implementation_of
-from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, saving_figure
+from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, phases_figure, saving_figure, spans
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
 from cheaptrain.timing import REPLICATES, resampled_medians, run_time
 
@@ -623,6 +624,24 @@ def test_the_cost_figures_legend_is_one_a_row_beside_its_panels_and_hides_no_poi
     labels = [text.get_text() for text in legend.get_texts()]
     assert labels == ["baseline", "dfp", "random_prune", "infobatch", "paper: dfp"]  # the row's, each once
     assert not any(legend.get_window_extent().overlaps(ax.get_window_extent()) for ax in (compute_ax, time_ax))
+
+
+def test_the_phases_figure_shades_each_run_of_skip_epochs_once():
+    """Consecutive skip epochs are one shaded span (a 200-epoch run draws a few patches, not one per epoch), from the
+    first's left edge to the last's right edge; the legend names the shading once."""
+    assert spans([]) == []
+    assert spans([3, 4, 5, 8, 10, 11]) == [(3, 5), (8, 8), (10, 11)]
+    phases = [0, 0, 1, 1, 1, 0, 1, 0, 1, 1]  # skip epochs 3-5, 7, 9-10
+    history = [{"epoch": e, "lr": 0.1 if e <= 6 else 0.01, "test_acc": 50.0 + e, "phase": float(p)}
+               for e, p in enumerate(phases, 1)]  # fmt: skip
+    run = Run("wus", "cifar10", "lenet", "wus", 0, {}, history)
+    (ax,) = [a for a in phases_figure([run]).axes if a.get_visible()]
+    shaded = sorted(
+        (round(x0, 6), round(x0 + width, 6)) for x0, _, width, _ in (p.get_bbox().bounds for p in ax.patches)
+    )
+    assert shaded == [(2.5, 5.5), (6.5, 7.5), (8.5, 10.5)]
+    assert [t.get_text() for t in ax.get_legend().get_texts()].count("skip epoch") == 1
+    assert ax.get_title().endswith("6 skip epochs of 10")
 
 
 def test_a_named_configuration_is_drawn_as_the_method_it_implements(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, SHARED_ARCHIVE, copy_repo, finish, read_csv, run_in, start_in
+from conftest import REPO, copy_repo, finish, read_csv, run_in, start_in
 
 pytestmark = pytest.mark.e2e
 
@@ -27,13 +27,15 @@ EXACT = (  # summary columns that a loaded machine must not move by a single dig
 # OpenMP threads wait for work asleep, not spinning: with spinning, a training thread that shares its core with
 # another process holds up every parallel op of the others, and a run takes many times as long. The arithmetic is
 # the same. One thread, as the quick fixture's runs train (the thread count changes the float rounding).
-ENV = {"OMP_WAIT_POLICY": "PASSIVE", "CHEAPTRAIN_THREADS": "1", "CIFAR10_SOURCE": str(SHARED_ARCHIVE)}
+ENV = {"OMP_WAIT_POLICY": "PASSIVE", "CHEAPTRAIN_THREADS": "1"}
 
 
-def start_loaded(folder: Path) -> tuple[Path, subprocess.Popen, Path]:
-    """Starts, in a copy of this checkout on the quick setting with a grid of RUNS, the download stage and then the
-    train stage of each LOADED run, MLflow off. The session starts it (conftest's `loaded_started`) beside the quick
-    pipeline and the other tests, which are its load. Returns (repository, process, log file)."""
+def start_loaded(folder: Path, quick: Path) -> tuple[Path, subprocess.Popen, Path]:
+    """Starts, in a copy of this checkout on the quick setting with a grid of RUNS, the train stage of each LOADED
+    run, MLflow off. The session starts it (conftest's `loaded_started`) beside the quick pipeline and the other
+    tests, which are its load. Its prepared CIFAR-10 is the quick pipeline's (`quick`: that repository), copied once
+    the pipeline's download stage has finished (DVC writes dvc.lock then): the same params prepare the same files, and
+    decoding the archive a second time would cost half a minute of CPU. Returns (repository, process, log file)."""
     from dvc.utils.hydra import apply_overrides
 
     from cheaptrain.quick import overrides
@@ -43,14 +45,17 @@ def start_loaded(folder: Path) -> tuple[Path, subprocess.Popen, Path]:
     shutil.rmtree(repo / "ledger")  # the gate and these tests read the grid's rows alone: the aggregate takes seconds
     grid = [f"grid.{study}.methods=[{','.join(m for s, m in RUNS if s == study)}]" for study in ("dfp", "wus")]
     apply_overrides(repo / "params.yaml", [*overrides(yaml.safe_load((repo / "params.quick.yaml").read_text())), *grid])
-    commands = [["python", "stages/download.py", "--dataset", "cifar10", "--no-mlflow"]] + [
-        ["python", "stages/train.py", "--study", study, "--dataset", "cifar10", "--model", "lenet", "--method", method,
-         "--seed", "0", "--no-mlflow"] for study, method in LOADED
+    lock, prepared = (shlex.quote(str(path)) for path in (quick / "dvc.lock", quick / "data" / "prepared" / "cifar10"))
+    copy = f"until [ -f {lock} ]; do sleep 1; done; mkdir -p data/prepared && cp -r {prepared} data/prepared/"
+    commands = [
+        shlex.join(["python", "stages/train.py", "--study", study, "--dataset", "cifar10", "--model", "lenet",
+                    "--method", method, "--seed", "0", "--no-mlflow"]) for study, method in LOADED
     ]  # fmt: skip
     log = folder / "loaded.log"
     with open(log, "w") as out:
-        script = " && ".join(map(shlex.join, commands))
-        process = start_in(repo, "sh", "-c", script, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        process = start_in(
+            repo, "sh", "-c", " && ".join([copy, *commands]), env=ENV, stdout=out, stderr=subprocess.STDOUT
+        )
     return repo, process, log
 
 

@@ -140,6 +140,17 @@ def pruned_figure(runs: list[Run]) -> Figure:
     return fig
 
 
+def spans(epochs: list[int]) -> list[tuple[int, int]]:
+    """Ascending epochs as runs of consecutive ones: [3, 4, 5, 8] -> [(3, 5), (8, 8)]."""
+    runs: list[tuple[int, int]] = []
+    for e in epochs:
+        if runs and e == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], e)
+        else:
+            runs.append((e, e))
+    return runs
+
+
 def phases_figure(
     runs: list[Run], title: str = "WUS phases: skip epochs (shaded) update only the last layer's bias"
 ) -> Figure:
@@ -153,8 +164,9 @@ def phases_figure(
         run = group[0]
         epochs = [h["epoch"] for h in run.history]
         skip = [h["epoch"] for h in run.history if h["phase"] >= 0.5]
-        for i, e in enumerate(skip):
-            ax.axvspan(e - 0.5, e + 0.5, color=_color(key[3]), alpha=0.15, lw=0, label="skip epoch" if i == 0 else None)
+        for i, (first, last) in enumerate(spans(skip)):  # one patch per run of epochs: 200-epoch runs draw fast
+            ax.axvspan(first - 0.5, last + 0.5, color=_color(key[3]), alpha=0.15, lw=0,
+                       label="skip epoch" if i == 0 else None)  # fmt: skip
         drops = [h["epoch"] - 0.5 for prev, h in itertools.pairwise(run.history) if h["lr"] != prev["lr"]]
         for i, e in enumerate(drops):
             ax.axvline(e, color="0.4", ls=":", lw=1.2, label="lr change" if i == 0 else None)
