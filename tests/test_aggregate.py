@@ -541,7 +541,9 @@ def test_the_cost_table_compares_the_methods_at_equal_cost_and_says_whether_the_
     assert verdicts == [
         "- DFP cifar10/resnet18, compute saved 12.8–14.0%: best infobatch_r30 (infobatch): Δ -0.30 [-0.80, +0.20] "
         "points at 14.0% compute saved; 0.10 points ahead of dfp: Δ -0.40 [-0.60, -0.20] points at 12.8% compute "
-        "saved; the lead is within the 95% intervals (they overlap): not a finding.",
+        "saved; the lead is within the 95% intervals (they overlap): not a finding. It is also 0.70 points ahead of "
+        "random_prune: Δ -1.00 [-1.30, -0.70] points at 12.8% compute saved; the lead is within the 95% intervals "
+        "(they overlap): not a finding.",
         "- DFP cifar10/resnet18, compute saved 21.3%: best dfp_p50 (dfp): Δ -1.20 [-1.40, -1.00] points at 21.3% "
         "compute saved; 0.80 points ahead of random_prune_p50 (random_prune): Δ -2.00 [-2.20, -1.80] points at "
         "21.3% compute saved; the lead is larger than the 95% intervals (they do not overlap).",
@@ -573,6 +575,28 @@ def test_a_lead_is_weighed_seed_by_seed_where_the_two_configurations_share_three
     )
     assert verdict([95.6, 94.0, 94.0], [94.0, 94.6, 93.2]).endswith("; it includes 0: not a finding.")
     assert verdict([94.0, 94.0], [93.0, 93.0]) == "the lead is within the 95% intervals (they overlap): not a finding."
+
+
+def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there():
+    """Three configurations at one cost: the best's lead over the runner-up, then over the third, each seed by seed;
+    a configuration that wins on the seeds it shares with the best is named as leading there."""
+    rows = [cost_row("random_prune_p70", 29.8, -0.3, 0.6), cost_row("dfp_p70", 29.8, -1.4, 0.6),
+            cost_row("infobatch", 27.6, -3.8, 1.2)]  # fmt: skip
+    key = {m: ("dfp", "cifar10", "resnet18", m, "") for m in ("random_prune_p70", "dfp_p70", "infobatch")}
+    accuracies = {key["random_prune_p70"]: {0: 94.0, 1: 94.5, 2: 93.5, 3: 95.0},
+                  key["dfp_p70"]: {0: 93.0, 1: 93.6, 2: 92.4},
+                  key["infobatch"]: {0: 90.0, 1: 90.5, 2: 89.5}}  # fmt: skip
+    (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
+    assert line == (
+        "- DFP cifar10/resnet18, compute saved 27.6–29.8%: best random_prune_p70: Δ -0.30 [-0.90, +0.30] points at "
+        "29.8% compute saved; 1.10 points ahead of dfp_p70: Δ -1.40 [-2.00, -0.80] points at 29.8% compute saved; "
+        "seed by seed (3 seeds) the lead is +1.00 [+0.75, +1.25] points; it excludes 0: a finding. It is also 3.50 "
+        "points ahead of infobatch: Δ -3.80 [-5.00, -2.60] points at 27.6% compute saved; seed by seed (3 seeds) the "
+        "lead is +4.00 [+4.00, +4.00] points; it excludes 0: a finding."
+    )
+    accuracies[key["infobatch"]] = {0: 95.0, 1: 95.6, 2: 94.4}  # better than the best on the seeds they share
+    (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
+    assert line.endswith("the lead is -1.00 [-1.25, -0.75] points; infobatch leads on the seeds they share.")
 
 
 def test_dfps_selection_is_weighed_against_its_random_control_seed_by_seed():

@@ -1,5 +1,5 @@
 """The methods at equal cost: each configuration by its compute saved, grouped into budgets, the best at each budget
-named and its lead over the runner-up weighed seed by seed (or by its 95% interval)."""
+named and its lead over each of the others weighed seed by seed (or by their 95% intervals)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ COST_NOTE = (
     "in it (params `aggregate.agree_within.cost_points`): they cost the same. Δ: accuracy minus the baseline's, in "
     "points, ± the 95% t-interval over seeds (3+ seeds; (sd) with 2). Compute saved: 100·(1 − training FLOPs / the "
     "baseline's), exact; time saved: {time}, the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). "
-    "The best at a budget has the highest Δ. Its lead over the runner-up is weighed seed by seed where the two share "
-    "3 or more seeds (the 95% t-interval of their accuracy differences: a finding when it excludes 0), else by "
-    "whether their 95% intervals overlap. The paper's figures stand beside the configuration of the paper's own "
-    "method and setting (its name, e.g. `dfp`); the papers publish time saved, not compute."
+    "The best at a budget has the highest Δ. Its lead over each other configuration there, the runner-up first, is "
+    "weighed seed by seed where the two share 3 or more seeds (the 95% t-interval of their accuracy differences: a "
+    "finding when it excludes 0), else by whether their 95% intervals overlap. The paper's figures stand beside the "
+    "configuration of the paper's own method and setting (its name, e.g. `dfp`); the papers publish time saved, not "
+    "compute."
 )
 
 
@@ -114,26 +115,18 @@ def paired_lead(
     seeds, mean, ci = paired
     said = "it excludes 0: a finding"
     if mean + ci < 0:
-        said = "the runner-up leads on the seeds they share"
+        said = f"{second['method']} leads on the seeds they share"
     elif mean - ci <= 0:
         said = "it includes 0: not a finding"
     return f"seed by seed ({seeds} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
 
 
-def budget_verdict(
-    group: list[dict[str, Any]], accuracies: dict[tuple[str, ...], dict[int, float]] | None = None
-) -> str:
-    """Which configuration of a budget (best first) keeps the most accuracy, and whether its lead over the runner-up
-    is larger than its 95% interval: seed by seed where `accuracies` (seed_accuracies) pairs them, else whether
-    their intervals overlap."""
-    first = group[0]
-    where = f"{first['study'].upper()} {first['dataset']}/{first['model']}, compute saved {budget_label(group)}"
-    if len(group) == 1:
-        return f"{where}: {point_text(first)}, alone at this cost: nothing to compare with."
-    second = group[1]
-    lead = f"best {point_text(first)}; {first['acc_delta_mean'] - second['acc_delta_mean']:.2f} points ahead of "
-    ours, theirs = acc_interval(first), acc_interval(second)
-    if paired := paired_lead(first, second, accuracies or {}):
+def lead_over(first: dict[str, Any], other: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]) -> str:
+    """How far the best of a budget leads `other` there, `other`'s point, and whether the lead is larger than its 95%
+    interval: seed by seed where `accuracies` (seed_accuracies) pairs them, else whether their intervals overlap."""
+    lead = f"{first['acc_delta_mean'] - other['acc_delta_mean']:.2f} points ahead of {point_text(other)}"
+    ours, theirs = acc_interval(first), acc_interval(other)
+    if paired := paired_lead(first, other, accuracies):
         verdict = paired
     elif ours is None or theirs is None:
         verdict = "under 3 seeds: no 95% interval to weigh the lead against"
@@ -141,7 +134,20 @@ def budget_verdict(
         verdict = "the lead is larger than the 95% intervals (they do not overlap)"
     else:
         verdict = "the lead is within the 95% intervals (they overlap): not a finding"
-    return f"{where}: {lead}{point_text(second)}; {verdict}."
+    return f"{lead}; {verdict}"
+
+
+def budget_verdict(
+    group: list[dict[str, Any]], accuracies: dict[tuple[str, ...], dict[int, float]] | None = None
+) -> str:
+    """Which configuration of a budget (best first) keeps the most accuracy, and its lead over the runner-up, then
+    over each further configuration there, a sentence each (lead_over)."""
+    first = group[0]
+    where = f"{first['study'].upper()} {first['dataset']}/{first['model']}, compute saved {budget_label(group)}"
+    if len(group) == 1:
+        return f"{where}: {point_text(first)}, alone at this cost: nothing to compare with."
+    runner_up, *others = (lead_over(first, other, accuracies or {}) for other in group[1:])
+    return f"{where}: best {point_text(first)}; {runner_up}." + "".join(f" It is also {lead}." for lead in others)
 
 
 class TimeSaved(NamedTuple):
