@@ -650,6 +650,24 @@ def test_the_cost_figures_legend_is_one_a_row_beside_its_panels_and_hides_no_poi
     assert not any(legend.get_window_extent().overlaps(ax.get_window_extent()) for ax in (compute_ax, time_ax))
 
 
+def test_the_cost_figure_labels_each_budget_inside_its_own_panel():
+    """A point's label is its configuration less the line's implementation (dfp_p50 -> p50), drawn toward the middle
+    of the panel: a long one by the right edge runs into neither the next panel nor the legend."""
+    rows = [*COST_ROWS, cost_row("random_prune_p70", 29.8, -0.2, 0.4)]
+    implements = IMPLEMENTS | {("dfp", "cifar10", "resnet18", "random_prune_p70", ""): "random_prune"}
+    fig = cost_figure(rows, implements)
+    fig.draw_without_rendering()
+    compute_ax, time_ax = [a for a in fig.axes if a.get_visible()]
+    for ax in (compute_ax, time_ax):
+        assert sorted(t.get_text() for t in ax.texts) == sorted(
+            ["dfp", "random_prune", "r30", "p50", "p50", "p70", "infobatch"]
+        )
+        inside = ax.get_window_extent()
+        for text in ax.texts:
+            box = text.get_window_extent()
+            assert inside.x0 <= box.x0 and box.x1 <= inside.x1, text.get_text()
+
+
 def test_the_phases_figure_shades_each_run_of_skip_epochs_once():
     """Consecutive skip epochs are one shaded span (a 200-epoch run draws a few patches, not one per epoch), from the
     first's left edge to the last's right edge; the legend names the shading once."""

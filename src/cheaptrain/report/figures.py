@@ -272,6 +272,7 @@ def cost_figure(
     for i, key in enumerate(panels):
         shown = [p for p in points if panel(p) == key]
         for ax, (x, xlabel) in zip(axes[2 * i : 2 * i + 2], axes_x, strict=True):
+            labels: list[tuple[str, float, float]] = []
             ax.axhline(0, color="0.2", lw=0.8)
             ax.plot([0], [0], marker="s", color=_color(BASELINE), ls="none", label=BASELINE)
             for name in dict.fromkeys(p["implementation"] for p in shown):
@@ -288,16 +289,32 @@ def cost_figure(
                         [p[f"{x}_hi"] - p[f"{x}_mean"] for p in line],
                     ]
                 ax.errorbar(xs, ys, yerr=yerr, xerr=xerr, color=_color(name), marker="o", capsize=3, lw=1.6, label=name)
-                for p, px, py in zip(line, xs, ys, strict=True):
-                    ax.annotate(p["method"], (px, py), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                labels += [(budget_label(p), px, py) for p, px, py in zip(line, xs, ys, strict=True)]
             published = [p for p in shown if None not in (p.get("paper_time_saving_pct"), p.get("paper_acc_delta"))]
             for p in published if x == time_figure else []:
                 ax.plot(p["paper_time_saving_pct"], p["paper_acc_delta"], marker="*", ms=13, mfc="white", ls="none",
                         mec=_color(p["implementation"]), label=f"paper: {p['method']}")  # fmt: skip
             ax.set(title=f"{key[0]} study · {key[1]} · {key[2]}", xlabel=xlabel, ylabel="accuracy Δ (points)")
             ax.grid(alpha=0.3)
+            _label_points(ax, labels)
         _legend_beside(axes[2 * i : 2 * i + 2])
     return fig
+
+
+def budget_label(point: dict[str, Any]) -> str:
+    """A point's label on its method's line: the configuration's name less the implementation the line names
+    (dfp_p70 -> p70), or the whole name for the implementation's own defaults."""
+    name, implementation = point["method"], point["implementation"]
+    return name.removeprefix(f"{implementation}_") if name.startswith(f"{implementation}_") else name
+
+
+def _label_points(ax: Any, labels: list[tuple[str, float, float]]) -> None:
+    """Each point's label beside it, toward the middle of the panel, so none runs out of it into the next."""
+    left, right = ax.get_xlim()
+    for text, x, y in labels:
+        rightward = x < (left + right) / 2
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4 if rightward else -4, 4), fontsize=7,
+                    ha="left" if rightward else "right")  # fmt: skip
 
 
 def _legend_beside(row: list) -> None:
