@@ -304,8 +304,7 @@ def cost_figure(
 def budget_label(point: dict[str, Any]) -> str:
     """A point's label on its method's line: the configuration's name less the implementation the line names
     (dfp_p70 -> p70), or the whole name for the implementation's own defaults."""
-    name, implementation = point["method"], point["implementation"]
-    return name.removeprefix(f"{implementation}_") if name.startswith(f"{implementation}_") else name
+    return point["method"].removeprefix(f"{point['implementation']}_")
 
 
 def _label_points(ax: Any, labels: list[tuple[str, float, float]]) -> None:
