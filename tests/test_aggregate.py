@@ -34,7 +34,7 @@ from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
 from cheaptrain.report.equal_cost import cost_table, implementation_of
 from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, phases_figure, saving_figure, spans
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
-from cheaptrain.timing import REPLICATES, resampled_medians, run_time
+from cheaptrain.timing import REPLICATES, resampled_medians, run_time, slowdown
 
 from conftest import REPO, grid, read_csv, run_in
 
@@ -270,6 +270,33 @@ def test_a_slow_first_epoch_and_a_few_slow_epochs_do_not_move_the_robust_savings
     assert abs(nearest_full_epoch_saving(timed_history(wus_noisy, skip={8, 9, 10})) - truth) > 5
     again = by_key(summarize(collect(params, tmp_path / "noisy"), MEASURES))[("wus", "cifar10", "lenet", "wus")]
     assert again == noisy  # the bootstrap is seeded: the same intervals every time
+
+
+def test_the_evaluation_clock_takes_out_drift_that_hit_one_kind_of_epoch_alone():
+    """InfoBatch's shape: pruned epochs 2-35 at 0.8 of a full epoch's work, full epochs 36-40 last. The machine runs
+    at half speed until epoch 30, training and evaluation alike: the seconds as measured price the pruned epochs at
+    the slow speed and the full ones at the fast, an own saving far from the truth; the evaluation clock recovers it.
+    One evaluation slowed alone (epoch 33) moves nothing: an epoch's speed is the median of five evaluations."""
+    epochs, slow_until, pruned = 40, 30, range(2, 36)
+    truth = 100 * (1 - (epochs - 0.2 * len(pruned)) / epochs)  # 17%: time saved exactly as work
+    history = []
+    for e in range(1, epochs + 1):
+        work = 0.8 if e in pruned else 1.0
+        machine = 2.0 if e <= slow_until else 1.0  # how many times slower than the quiet machine
+        history.append({
+            "epoch": e, "epoch_train_s": 5.0 * work * machine, "trained_samples": 50000 * work,
+            "train_flops": 50000 * work * FLOPS_PER_SAMPLE, "eval_s": (0.5 if e != 33 else 3.0) * machine,
+        })  # fmt: skip
+    measured = run_time([{k: v for k, v in r.items() if k != "eval_s"} for r in history], "as measured")
+    clocked = run_time(history, "evaluation clock")
+    assert abs(measured.own_saving_pct - truth) > 20  # the pruned epochs priced at the slow machine: a negative saving
+    assert clocked.own_saving_pct == pytest.approx(truth)
+    assert clocked.cheap_time_share == pytest.approx(0.8) and clocked.cheap_work_share == pytest.approx(0.8)
+    assert clocked.full_epoch_s == pytest.approx(10.0)  # at the run's typical (median) speed, the slow one here
+    assert clocked.first_epoch_s == 10.0  # epoch 1 as measured: its one-off costs are what it reports
+    speed = slowdown(history)
+    assert speed[0] == 1.0 and speed[-1] == 0.5  # the typical speed is the slow one; the quiet end runs at twice it
+    assert speed[32] == speed[31] == 0.5  # epoch 33's slow evaluation alone is no drift: the speed of its neighbours
 
 
 def test_compute_saving_is_exact_and_intervals_cover_the_seeds(tmp_path):

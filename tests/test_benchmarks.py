@@ -45,11 +45,18 @@ def tiny_data(tmp_path_factory) -> str:
     return str(prepare_tiny(tmp_path_factory.mktemp("prepared") / "cifar10"))
 
 
-@pytest.mark.parametrize("script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes"])
+@pytest.mark.parametrize(
+    "script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes", "clock"]
+)
 def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch, script):
-    option = {"malloc": "--rounds", "wus": "--batches", "noise": "--threads", "shapes": "--epochs"}.get(
-        script, "--repeats"
-    )
+    options = {
+        "malloc": "--rounds",
+        "wus": "--batches",
+        "noise": "--threads",
+        "shapes": "--epochs",
+        "clock": "--min-seeds",
+    }
+    option = options.get(script, "--repeats")
     # malloc's in a process of its own, as a user runs it (it imports no torch: a fraction of a second); the others
     # parse the same way here, without starting Python and importing torch again
     run = benchmark if script == "malloc" else partial(benchmark_here, monkeypatch)
@@ -139,3 +146,46 @@ def test_gpu_ledger_prepares_cifar10_again_unless_it_holds_every_training_image(
     assert done.returncode == 0, done.stdout + done.stderr
     stages = (tmp_path / "stages.log").read_text().split()
     assert stages == ["stages/download.py"] * prepared_again + ["stages/train.py"]
+
+
+def write_entry(root: Path, method: str, seed: int, history: list[dict[str, float]]) -> None:
+    """A results-ledger entry of the DFP study's LeNet (the three files the train stage writes)."""
+    import csv
+    import json
+
+    name = f"cifar10-lenet-{method}-s{seed}"
+    folder = root / "dfp" / name
+    folder.mkdir(parents=True)
+    config = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": method, "seed": seed}
+    (folder / "run.json").write_text(json.dumps({"name": name, "config": config}))
+    metrics = {"final_acc": 60.0, "epochs": len(history), "total_train_flops": sum(r["train_flops"] for r in history)}
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    with open(folder / "history.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+
+
+def test_the_clock_benchmark_prints_both_clocks_over_the_seeds_of_each_configuration(monkeypatch, tmp_path):
+    """InfoBatch's shape (pruned epochs at 0.8 of the work, full epochs last) on a machine at half speed until epoch
+    30: the wall clock's own saving is far below the 17% of work saved, the evaluation clock's is 17.0."""
+    for seed in range(3):
+        for method, pruned in (("baseline", range(0)), ("infobatch", range(2, 36))):
+            history = []
+            for e in range(1, 41):
+                work, machine = (0.8 if e in pruned else 1.0), (2.0 if e <= 30 else 1.0) * (1 + 0.01 * seed)
+                history.append({"epoch": e, "epoch_train_s": 5.0 * work * machine, "trained_samples": 50000 * work,
+                                "train_flops": 1e6 * work, "eval_s": 0.5 * machine})  # fmt: skip
+            write_entry(tmp_path, method, seed, history)
+    result = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
+    assert rows["dfp/cifar10/lenet/baseline"][1:3] == ["3", "0.0"]  # seeds, compute saved
+    infobatch = rows["dfp/cifar10/lenet/infobatch"]
+    assert infobatch[1:3] == ["3", "17.0"]
+    wall, evaluation = float(infobatch[3].rstrip(",")), float(infobatch[7].rstrip(","))
+    assert wall < 0 and evaluation == 17.0
+    short = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--min-seeds", "4")
+    assert short.returncode == 2 and "no configuration has 4 entries or more" in short.stderr
+    missing = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "no results ledger there" in missing.stderr

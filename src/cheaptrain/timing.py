@@ -4,16 +4,22 @@ On a shared machine an epoch's seconds say as much about the neighbours as about
 few epochs slowed while another job ran, can move a run's summed time by more than a method saves. So a run's
 training time is estimated, not summed:
 
-1. Epoch 1 is reported apart (`first_epoch_s`): it pays one-off costs (allocation, caches, compilation) and does not
-   enter the rates below.
-2. Each epoch has an amount of work: its `train_flops` (forward + backward FLOPs of its training steps, the same on
+1. Each epoch's seconds are put at the run's typical machine speed, read from the run's own clock: every epoch
+   ends by evaluating the same test set on the same device and threads, the same work whatever the method did, so
+   its seconds (`eval_s`) move with the machine alone. An epoch's slowdown is the median evaluation seconds of the
+   epochs within SPEED_WINDOW of it over the run's median; its training seconds are divided by it (`slowdown`). A
+   machine that slows for minutes, or gets quieter late in a run, then moves every kind of epoch alike, whichever
+   epochs it hit. A run without an evaluation time in every epoch is taken as measured.
+2. Epoch 1 is reported apart (`first_epoch_s`, as measured): it pays one-off costs (allocation, caches,
+   compilation) and does not enter the rates below.
+3. Each epoch has an amount of work: its `train_flops` (forward + backward FLOPs of its training steps, the same on
    any machine) or, for runs logged before FLOPs were counted, its `trained_samples` (`work_measure`).
-3. Epochs fall in kinds. The full epochs do the run's largest work; the cheaper ones are grouped by their work per
+4. Epochs fall in kinds. The full epochs do the run's largest work; the cheaper ones are grouped by their work per
    sample (FLOPs per sample; without FLOPs, the parameters they update), so DFP's pruned epochs form one kind and
    WUS's skip epochs another. An epoch of a kind costs about the same per unit of work, so each kind's rate is the
    MEDIAN seconds per unit of work (a full epoch's work) over its epochs after the first: while fewer than half of
    them are slow, it stays within the range of the others. A kind with no epoch after the first uses epoch 1.
-4. The run's robust training time (`robust_train_time_s`) = Σ over kinds of the kind's rate × its total work, epoch 1
+5. The run's robust training time (`robust_train_time_s`) = Σ over kinds of the kind's rate × its total work, epoch 1
    included, priced like its kind.
 
 From it: the time saved against the paired baseline (`time_saving_pct`), 100·(1 − robust time / the baseline's),
@@ -31,13 +37,13 @@ Spread: each figure is recomputed from epochs resampled with replacement within 
 its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 3+ seeds the
 interval is widened to the t-interval over seeds where that is wider. The interval sees how epochs scatter within
 a run; it cannot see a machine that was slower during the whole of one run than of the other (the saving against
-the baseline, not the own saving, is exposed to that), nor the scatter of a kind that has a single epoch. Nor can it
-see drift within a run where the kinds keep apart in time: InfoBatch's full epochs are its last ones (annealing), so a
-machine that gets quieter late in the run lowers its full rate alone, and its own saving with it; the spread over
-seeds shows it.
+the baseline, not the own saving, is exposed to that), nor the scatter of a kind that has a single epoch.
 
-Compute saved is exact: 100·(1 − total_train_flops / the paired baseline's). It is what an ideal implementation
-saves on any hardware, so it bounds the time saved: a measured time saving far above it is noise, not a finding.
+Why the evaluation clock: where a method's kinds of epochs keep apart in time, drift within a run moves one kind
+alone. InfoBatch's full epochs are its last ones (annealing), so a machine that got quieter late in a run lowered its
+full rate alone, and its own saving with it, by tens of points on the ledger's shared CPU. Where full and cheaper
+epochs interleave (DFP's schedule) the correction leaves the mean where it was. `python benchmarks/clock.py` prints
+both clocks over the ledger's seeds (docs/measured.md).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import numpy as np
 
 REPLICATES = 1000
 FULL = "full"
+SPEED_WINDOW = 2  # epochs on each side whose evaluation seconds give an epoch's machine speed
 
 
 @dataclass(frozen=True)
@@ -88,11 +95,24 @@ def epoch_kinds(history: list[dict[str, float]], work: list[float], measure: str
     ]
 
 
+def slowdown(history: list[dict[str, float]]) -> list[float]:
+    """Each epoch's machine slowdown against the run's typical speed: the median evaluation seconds of the epochs
+    within SPEED_WINDOW of it over the run's median (module docstring); all 1 without an evaluation time in every
+    epoch."""
+    seconds = [row.get("eval_s", 0.0) for row in history]
+    if not seconds or min(seconds) <= 0:
+        return [1.0] * len(history)
+    typical = statistics.median(seconds)
+    window = [seconds[max(0, i - SPEED_WINDOW) : i + SPEED_WINDOW + 1] for i in range(len(seconds))]
+    return [statistics.median(near) / typical for near in window]
+
+
 def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
     """The robust figures of one run (module docstring); `seed` seeds its resampling. None without per-epoch times
     or work, or when no epoch does both the largest work and the largest work per sample."""
     if not history or any("epoch_train_s" not in row or "trained_samples" not in row for row in history):
         return None
+    seconds = [row["epoch_train_s"] / slow for row, slow in zip(history, slowdown(history), strict=True)]
     work, measure = epoch_work(history)
     kinds = epoch_kinds(history, work, measure)
     most = max(work)
@@ -101,11 +121,11 @@ def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
     share = [w / most for w in work]  # of a full epoch's work: full epochs are exactly 1
     totals: dict[str, float] = {}
     rates: dict[str, list[float]] = {}  # seconds per full epoch's work, epochs after the first
-    for i, (kind, part, row) in enumerate(zip(kinds, share, history, strict=True)):
+    for i, (kind, part, epoch_s) in enumerate(zip(kinds, share, seconds, strict=True)):
         totals[kind] = totals.get(kind, 0.0) + part
         if i > 0 and part > 0:
-            rates.setdefault(kind, []).append(row["epoch_train_s"] / part)
-    first_rate = history[0]["epoch_train_s"] / share[0] if share[0] > 0 else 0.0
+            rates.setdefault(kind, []).append(epoch_s / part)
+    first_rate = seconds[0] / share[0] if share[0] > 0 else 0.0
     for kind in totals:
         rates.setdefault(kind, [first_rate])  # only epoch 1 is of this kind
 
@@ -125,7 +145,7 @@ def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
         own_saving_pct=own,
         robust_time_replicates=robust_replicates.tolist(),
         own_saving_replicates=own_replicates.tolist(),
-        cheap_time_share=statistics.median(history[i]["epoch_train_s"] for i in cheap) / full_s if cheap else None,
+        cheap_time_share=statistics.median(seconds[i] for i in cheap) / full_s if cheap else None,
         cheap_work_share=statistics.median(share[i] for i in cheap) if cheap else None,
     )
 

@@ -296,7 +296,8 @@ def paper_scale(
     )
     notes = [
         "Ours: the mean over seeds and its 95% interval (accuracy Δ and reduction: the t-interval over seeds, from 3 "
-        "seeds; time saved: the interval of `cheaptrain.timing`, which also sees how epochs scatter within a run); "
+        "seeds; time saved: the interval of `cheaptrain.timing`, which also sees how epochs scatter within a run, each "
+        "put at the run's typical machine speed, read from its evaluation passes); "
         "time saved is the run's against its own full epochs (the saving against its baseline's run, hours apart on "
         "a shared machine, carries that machine's drift: it is in the tables below); "
         "with 2 seeds the standard deviation (sd), with 1 the mean alone. Δ: method minus the baseline of the same "
