@@ -1,15 +1,19 @@
-"""Benchmark: a run's own time saved read with the wall clock and with the evaluation clock, over the ledger's seeds.
+"""Benchmark: the ledger's time savings read with the wall clock and with the evaluation clock, over its seeds.
 
     python benchmarks/clock.py [--ledger DIR] [--min-seeds 3]
 
-For every configuration of the results ledger (study, dataset, model, method) with --min-seeds entries or more, the
-time saved against the run's own full epochs (cheaptrain.timing.run_time), two ways, from the same entries:
+For every method configuration of the results ledger (study, dataset, model, method) with --min-seeds entries or more,
+two time savings (cheaptrain.timing), each read two ways from the same entries:
+  - own:      against the run's own full epochs (`run_time`);
+  - paired:   against the baseline of the same seed (`paired_saving`), over the seeds whose baseline trained on the
+              same machine (device, CPU threads and vector instructions: `aggregate.machine_difference`);
   - wall:       each epoch's seconds as measured (the entries' `eval_s` left out);
-  - evaluation: each epoch's seconds put at the run's typical machine speed, read from its evaluation passes
-                (`timing.slowdown`), as the report computes it.
-Printed per configuration: the compute saved (exact, the bound), then for each clock the mean over seeds, their
-standard deviation and range. A correction that tracks the machine leaves the mean where full and cheaper epochs
-interleave (DFP's schedule) and narrows the scatter where drift moved one kind of epoch alone. No training: seconds.
+  - evaluation: each epoch's seconds put at the run's typical machine speed, read from its evaluation passes, and a
+                run's at its baseline's typical speed, as the report computes them.
+Printed per configuration: its seeds, those paired on one machine, the compute saved (exact: the bound), then per
+saving and clock the mean over seeds and their standard deviation. A clock that tracks the machine leaves the own
+saving's mean where full and cheaper epochs interleave (DFP's schedule), narrows its scatter where drift hit one kind
+of epoch alone, and brings the paired saving, hours apart on a shared machine, to the own one. No training: seconds.
 """
 
 import argparse
@@ -21,28 +25,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int, run_main
-from cheaptrain.ledger import Entry, entries, ledger_root
-from cheaptrain.timing import run_time
+from cheaptrain.aggregate import BASELINE, Run, ledger_runs, machine_difference
+from cheaptrain.ledger import ledger_root
+from cheaptrain.timing import RunTime, paired_saving, run_time
 
 CLOCKS = ("wall", "evaluation")
+WIDTHS = (6, 7, 8, 19, 19, 19, 19)  # the columns after the configuration
 
 
-def own_saving(entry: Entry, clock: str) -> float | None:
-    """The entry's own time saved (%) read with `clock`; None where it has no robust figure."""
-    history = entry.history
+def timed(run: Run, clock: str) -> RunTime | None:
+    """The run's robust figures read with `clock`."""
+    history = run.history
     if clock == "wall":
         history = [{k: v for k, v in row.items() if k != "eval_s"} for row in history]
-    timed = run_time(history, f"{entry.study}/{entry.name}")
-    return timed.own_saving_pct if timed else None
+    return run_time(history, f"{run.study}/{run.name}")
 
 
-def compute_saved(entry: Entry, baselines: dict[tuple, Entry]) -> float | None:
-    """100·(1 − training FLOPs / the baseline's of the same seed), or None without one."""
-    config = entry.info["config"]
-    base = baselines.get((entry.study, config["dataset"], config["model"], config.get("seed")))
-    if base is None or not base.metrics.get("total_train_flops"):
-        return None
-    return 100 * (1 - entry.metrics["total_train_flops"] / base.metrics["total_train_flops"])
+def mean_sd(values: list[float]) -> str:
+    if not values:
+        return "—"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):6.1f} {sd:5.1f}"
 
 
 def main() -> None:
@@ -53,34 +56,34 @@ def main() -> None:
     root = args.ledger or ledger_root()
     if not root.is_dir():
         raise UserError(f"{root}: no results ledger there")
-    found = entries(root)
-    groups: dict[tuple, list[Entry]] = defaultdict(list)
-    baselines = {}
-    for e in found:
-        c = e.info["config"]
-        groups[(e.study, c["dataset"], c["model"], c["method"])].append(e)
-        if c["method"] == "baseline":
-            baselines[(e.study, c["dataset"], c["model"], c.get("seed"))] = e
+    runs = ledger_runs(root)
+    baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for r in runs:
+        if r.method != BASELINE:
+            groups[(r.study, r.dataset, r.model, r.method)].append(r)
     shown = {key: group for key, group in sorted(groups.items()) if len(group) >= args.min_seeds}
     if not shown:
-        raise UserError(f"{root}: no configuration has {args.min_seeds} entries or more")
+        raise UserError(f"{root}: no method configuration has {args.min_seeds} entries or more")
 
-    print(f"own time saved % over seeds, {len(found)} entries of {root}: mean, sd [min, max] per clock")
-    print(f"{'study/dataset/model/method':<42}{'seeds':>6}{'compute':>9}" + "".join(f"{c:>26}" for c in CLOCKS))
+    print(f"time saved % over seeds, {len(runs)} entries of {root}: mean and sd, per saving and clock")
+    heads = ["seeds", "paired", "compute"] + [f"{saving} {clock}" for saving in ("own", "paired") for clock in CLOCKS]
+    print(f"{'study/dataset/model/method':<38}" + "".join(f"{h:>{w}}" for h, w in zip(heads, WIDTHS, strict=True)))
     for key, group in shown.items():
-        figures = {c: [s for s in (own_saving(e, c) for e in group) if s is not None] for c in CLOCKS}
-        computes = [s for s in (compute_saved(e, baselines) for e in group) if s is not None]
-        compute = f"{statistics.fmean(computes):.1f}" if computes else "—"
-        cells = []
+        own = {c: [t.own_saving_pct for r in group if (t := timed(r, c))] for c in CLOCKS}
+        with_baseline = [(r, b) for r in group if (b := baselines.get((*key[:3], r.seed)))]
+        pairs = [(r, b) for r, b in with_baseline if not machine_difference(r, b)]  # trained on one machine
+        paired: dict[str, list[float]] = {c: [] for c in CLOCKS}
         for clock in CLOCKS:
-            values = figures[clock]
-            sd = statistics.stdev(values) if len(values) > 1 else 0.0
-            cells.append(
-                f"{statistics.fmean(values):6.1f}, {sd:4.1f} [{min(values):5.1f}, {max(values):5.1f}]"
-                if values
-                else "—"
-            )
-        print(f"{'/'.join(key):<42}{len(group):>6}{compute:>9}" + "".join(f"{c:>26}" for c in cells))
+            for r, b in pairs:
+                if (t := timed(r, clock)) and (bt := timed(b, clock)):
+                    paired[clock].append(paired_saving(t, bt)[0])
+        flops = [100 * (1 - r.metrics["total_train_flops"] / b.metrics["total_train_flops"]) for r, b in with_baseline
+                 if r.metrics.get("total_train_flops") and b.metrics.get("total_train_flops")]  # fmt: skip
+        compute = f"{statistics.fmean(flops):.1f}" if flops else "—"
+        cells = [mean_sd(own[c]) for c in CLOCKS] + [mean_sd(paired[c]) for c in CLOCKS]
+        row = [str(len(group)), str(len(pairs)), compute, *cells]
+        print(f"{'/'.join(key):<38}" + "".join(f"{c:>{w}}" for c, w in zip(row, WIDTHS, strict=True)))
 
 
 if __name__ == "__main__":

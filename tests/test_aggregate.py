@@ -34,7 +34,7 @@ from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
 from cheaptrain.report.equal_cost import cost_table, implementation_of
 from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, phases_figure, saving_figure, spans
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
-from cheaptrain.timing import REPLICATES, resampled_medians, run_time, slowdown
+from cheaptrain.timing import REPLICATES, paired_saving, resampled_medians, run_time, slowdown
 
 from conftest import REPO, grid, read_csv, run_in
 
@@ -297,6 +297,14 @@ def test_the_evaluation_clock_takes_out_drift_that_hit_one_kind_of_epoch_alone()
     speed = slowdown(history)
     assert speed[0] == 1.0 and speed[-1] == 0.5  # the typical speed is the slow one; the quiet end runs at twice it
     assert speed[32] == speed[31] == 0.5  # epoch 33's slow evaluation alone is no drift: the speed of its neighbours
+    # its baseline, hours earlier, full epochs throughout on a machine 1.5x slower still: paired at its typical speed
+    machine = [1.5 * (2.0 if e <= slow_until else 1.0) for e in range(1, epochs + 1)]
+    base = [{"epoch": e, "epoch_train_s": 5.0 * m, "trained_samples": 50000, "train_flops": 50000 * FLOPS_PER_SAMPLE,
+             "eval_s": 0.5 * m} for e, m in enumerate(machine, 1)]  # fmt: skip
+    saving, spread = paired_saving(clocked, run_time(base, "baseline"))
+    assert saving == pytest.approx(truth) and min(spread) <= saving <= max(spread)
+    seconds = paired_saving(measured, run_time([{k: v for k, v in r.items() if k != "eval_s"} for r in base], "b"))[0]
+    assert abs(seconds - truth) > 20  # in seconds as measured: the slower machine's time counted as saved
 
 
 def test_compute_saving_is_exact_and_intervals_cover_the_seeds(tmp_path):

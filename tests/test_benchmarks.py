@@ -158,7 +158,10 @@ def write_entry(root: Path, method: str, seed: int, history: list[dict[str, floa
     folder.mkdir(parents=True)
     config = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": method, "seed": seed}
     (folder / "run.json").write_text(json.dumps({"name": name, "config": config}))
-    metrics = {"final_acc": 60.0, "epochs": len(history), "total_train_flops": sum(r["train_flops"] for r in history)}
+    metrics = {"final_acc": 60.0, "best_acc": 60.0, "best3_acc": 60.0, "epochs": len(history),
+               "train_time_s": sum(r["epoch_train_s"] for r in history),
+               "total_trained_samples": sum(r["trained_samples"] for r in history),
+               "total_train_flops": sum(r["train_flops"] for r in history)}  # fmt: skip
     (folder / "metrics.json").write_text(json.dumps(metrics))
     with open(folder / "history.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(history[0]))
@@ -166,26 +169,30 @@ def write_entry(root: Path, method: str, seed: int, history: list[dict[str, floa
         writer.writerows(history)
 
 
-def test_the_clock_benchmark_prints_both_clocks_over_the_seeds_of_each_configuration(monkeypatch, tmp_path):
+def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds(monkeypatch, tmp_path):
     """InfoBatch's shape (pruned epochs at 0.8 of the work, full epochs last) on a machine at half speed until epoch
-    30: the wall clock's own saving is far below the 17% of work saved, the evaluation clock's is 17.0."""
+    30, its baseline hours earlier on a machine 1.5x slower still: with the wall clock the own saving is far below the
+    17% of work saved and the paired one far above; the evaluation clock reads 17.0 for both."""
     for seed in range(3):
-        for method, pruned in (("baseline", range(0)), ("infobatch", range(2, 36))):
+        for method, pruned, load in (("baseline", range(0), 1.5), ("infobatch", range(2, 36), 1.0)):
             history = []
             for e in range(1, 41):
-                work, machine = (0.8 if e in pruned else 1.0), (2.0 if e <= 30 else 1.0) * (1 + 0.01 * seed)
-                history.append({"epoch": e, "epoch_train_s": 5.0 * work * machine, "trained_samples": 50000 * work,
-                                "train_flops": 1e6 * work, "eval_s": 0.5 * machine})  # fmt: skip
+                work, machine = (0.8 if e in pruned else 1.0), (2.0 if e <= 30 else 1.0) * load * (1 + 0.01 * seed)
+                history.append({"epoch": e, "test_acc": 50.0, "epoch_train_s": 5.0 * work * machine,
+                                "trained_samples": 50000 * work, "train_flops": 1e6 * work,
+                                "eval_s": 0.5 * machine})  # fmt: skip
             write_entry(tmp_path, method, seed, history)
     result = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
-    assert rows["dfp/cifar10/lenet/baseline"][1:3] == ["3", "0.0"]  # seeds, compute saved
-    infobatch = rows["dfp/cifar10/lenet/infobatch"]
-    assert infobatch[1:3] == ["3", "17.0"]
-    wall, evaluation = float(infobatch[3].rstrip(",")), float(infobatch[7].rstrip(","))
-    assert wall < 0 and evaluation == 17.0
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:]}
+    assert list(rows) == ["dfp/cifar10/lenet/infobatch"]  # method configurations alone
+    seeds, paired, compute, own_wall, _, own_clock, own_sd, paired_wall, _, paired_clock, paired_sd = rows[
+        "dfp/cifar10/lenet/infobatch"
+    ]
+    assert (seeds, paired, compute) == ("3", "3", "17.0")
+    assert float(own_wall) < 0 and float(paired_wall) > 40  # the slow machine's epochs priced as the method's
+    assert (own_clock, own_sd, paired_clock, paired_sd) == ("17.0", "0.0", "17.0", "0.0")
     short = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--min-seeds", "4")
-    assert short.returncode == 2 and "no configuration has 4 entries or more" in short.stderr
+    assert short.returncode == 2 and "no method configuration has 4 entries or more" in short.stderr
     missing = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path / "none"))
     assert missing.returncode == 2 and "no results ledger there" in missing.stderr

@@ -15,8 +15,8 @@ learning) is left out of every figure (`collapsed_seeds`), and a method's run wh
 ones (`baseline_collapsed_seeds`): a failed baseline is no reference for a method.
 Every statistic has a mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval (3+ seeds): columns
 `<name>_mean`, `<name>_std`, `<name>_ci95`. Wall-clock figures come from each run's robust training time
-(`cheaptrain.timing`: a few slow epochs do not move it), and the two time savings also have a 95% interval, `<name>_lo`
-and `<name>_hi`.
+(`cheaptrain.timing`: each epoch at the run's typical machine speed, read from its evaluation passes; a few slow epochs
+do not move it), and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 from cheaptrain import UserError, is_number
 from cheaptrain.config import DATASETS
 from cheaptrain.ledger import entries, grid_runs
-from cheaptrain.timing import RunTime, run_time, seed_interval
+from cheaptrain.timing import paired_saving, run_time, seed_interval
 
 KEY = ("study", "dataset", "model", "method")
 SOURCES = ("runs", "ledger")  # where a configuration's runs were read from: the grid's folder, the results ledger
@@ -312,8 +312,9 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             if elsewhere := [d for r, b in pairs if (d := machine_difference(r, b))]:
                 row["time_unpaired"] = "; ".join(elsewhere)
             elif all(t and bt for t, bt in timed_pairs):
-                values["time_saving_pct"] = [_time_saving(t.robust_time_s, bt.robust_time_s) for t, bt in timed_pairs]
-                replicates["time_saving_pct"] = [_paired_replicates(t, bt) for t, bt in timed_pairs]
+                savings = [paired_saving(t, bt) for t, bt in timed_pairs]
+                values["time_saving_pct"] = [saving for saving, _ in savings]
+                replicates["time_saving_pct"] = [spread for _, spread in savings]
         for name, vals in values.items():
             if vals and all(v is not None for v in vals):
                 for part, value in zip(("mean", "std", "ci95"), describe(vals), strict=True):
@@ -364,16 +365,6 @@ def threads_text(threads: list[int]) -> str:
 
 def _saving(run: Run, baseline: Run, metric: str) -> float:
     return 100 * (1 - run.metrics[metric] / baseline.metrics[metric]) if baseline.metrics[metric] else math.nan
-
-
-def _time_saving(seconds: float, baseline_seconds: float) -> float:
-    return 100 * (1 - seconds / baseline_seconds) if baseline_seconds else math.nan
-
-
-def _paired_replicates(run: RunTime, baseline: RunTime) -> list[float]:
-    """The time saved against the baseline from each pair of replicates (the two runs resample independently)."""
-    pairs = zip(run.robust_time_replicates, baseline.robust_time_replicates, strict=True)
-    return [_time_saving(t, b) for t, b in pairs]
 
 
 def load_published(path: Path) -> dict[tuple[str, str, str, str, str], float]:

@@ -22,8 +22,11 @@ training time is estimated, not summed:
 5. The run's robust training time (`robust_train_time_s`) = Σ over kinds of the kind's rate × its total work, epoch 1
    included, priced like its kind.
 
-From it: the time saved against the paired baseline (`time_saving_pct`), 100·(1 − robust time / the baseline's),
-and the time saved against the run's own full epochs (`own_time_saving_pct`), 100·(1 − robust time / (epochs × the
+From it: the time saved against the paired baseline (`time_saving_pct`, `paired_saving`), 100·(1 − robust time /
+the baseline's), the run's robust time put at the baseline's typical speed first (× the baseline's median evaluation
+seconds / the run's: the same evaluation, on the same kind of machine, since only such runs pair), so that a machine
+busier during one run than during the other, hours apart, does not enter it either; and the time saved against the
+run's own full epochs (`own_time_saving_pct`), 100·(1 − robust time / (epochs × the
 full kind's median epoch time)): both sides come from one run, so the drift of a machine between two runs does not
 enter it, and a run of full epochs only saves exactly 0. `full_epoch_s` is the full kind's median epoch time.
 
@@ -36,19 +39,20 @@ Spread: each figure is recomputed from epochs resampled with replacement within 
 `REPLICATES` times, seeded by the run's name (the same output on every call); the 2.5th and 97.5th percentiles are
 its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 3+ seeds the
 interval is widened to the t-interval over seeds where that is wider. The interval sees how epochs scatter within
-a run; it cannot see a machine that was slower during the whole of one run than of the other (the saving against
-the baseline, not the own saving, is exposed to that), nor the scatter of a kind that has a single epoch.
+a run, not the scatter of a kind that has a single epoch.
 
 Why the evaluation clock: where a method's kinds of epochs keep apart in time, drift within a run moves one kind
 alone. InfoBatch's full epochs are its last ones (annealing), so a machine that got quieter late in a run lowered its
 full rate alone, and its own saving with it, by tens of points on the ledger's shared CPU. Where full and cheaper
-epochs interleave (DFP's schedule) the correction leaves the mean where it was. `python benchmarks/clock.py` prints
+epochs interleave (DFP's schedule) the correction leaves the mean where it was. Between two runs hours apart the
+seconds compare the machine's load as much as the methods. `python benchmarks/clock.py` prints both savings read with
 both clocks over the ledger's seeds (docs/measured.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +77,7 @@ class RunTime:
     own_saving_replicates: list[float]
     cheap_time_share: float | None = None  # median seconds of the cheaper epochs, of the full epoch's median
     cheap_work_share: float | None = None  # their median work, of a full epoch's
+    eval_s: float | None = None  # the median evaluation seconds: the run's typical speed; None without them
 
 
 def epoch_work(history: list[dict[str, float]]) -> tuple[list[float], str]:
@@ -95,14 +100,20 @@ def epoch_kinds(history: list[dict[str, float]], work: list[float], measure: str
     ]
 
 
+def typical_eval_s(history: list[dict[str, float]]) -> float | None:
+    """The run's median evaluation seconds, its typical speed; None without an evaluation time in every epoch."""
+    seconds = [row.get("eval_s", 0.0) for row in history]
+    return statistics.median(seconds) if seconds and min(seconds) > 0 else None
+
+
 def slowdown(history: list[dict[str, float]]) -> list[float]:
     """Each epoch's machine slowdown against the run's typical speed: the median evaluation seconds of the epochs
     within SPEED_WINDOW of it over the run's median (module docstring); all 1 without an evaluation time in every
     epoch."""
-    seconds = [row.get("eval_s", 0.0) for row in history]
-    if not seconds or min(seconds) <= 0:
+    typical = typical_eval_s(history)
+    if typical is None:
         return [1.0] * len(history)
-    typical = statistics.median(seconds)
+    seconds = [row["eval_s"] for row in history]
     window = [seconds[max(0, i - SPEED_WINDOW) : i + SPEED_WINDOW + 1] for i in range(len(seconds))]
     return [statistics.median(near) / typical for near in window]
 
@@ -147,7 +158,21 @@ def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
         own_saving_replicates=own_replicates.tolist(),
         cheap_time_share=statistics.median(seconds[i] for i in cheap) / full_s if cheap else None,
         cheap_work_share=statistics.median(share[i] for i in cheap) if cheap else None,
+        eval_s=typical_eval_s(history),
     )
+
+
+def paired_saving(run: RunTime, baseline: RunTime) -> tuple[float, list[float]]:
+    """The time saved against the baseline (%) and its replicates (the two runs resample independently): the run's
+    robust time at the baseline's typical speed against the baseline's (module docstring); in seconds as measured
+    where either run lacks evaluation times."""
+    speed = baseline.eval_s / run.eval_s if run.eval_s and baseline.eval_s else 1.0
+
+    def saving(seconds: float, baseline_seconds: float) -> float:
+        return 100 * (1 - seconds * speed / baseline_seconds) if baseline_seconds else math.nan
+
+    pairs = zip(run.robust_time_replicates, baseline.robust_time_replicates, strict=True)
+    return saving(run.robust_time_s, baseline.robust_time_s), [saving(t, b) for t, b in pairs]
 
 
 def resampled_medians(rates: dict[str, list[float]], seed: str) -> dict[str, np.ndarray]:

@@ -31,8 +31,8 @@ from cheaptrain.report.tables import time_kind
 CLAIMS = {  # a published metric of a method: (our statistic, what it is, digits)
     "accuracy_best3": ("acc_delta", "accuracy Δ (points)", 2),  # DFP Table 2, against the paper's own baseline
     "accuracy": ("acc_delta", "accuracy Δ (points)", 2),  # WUS Table 2
-    # DFP Table 1, WUS Table 1: ours against the run's own full epochs, which the drift of a shared machine between
-    # the method's run and its baseline's (hours apart) does not enter; the tables above show the paired saving too
+    # DFP Table 1, WUS Table 1: ours against the run's own full epochs, which needs no baseline trained on the same
+    # machine (several runs at once on a GPU, another CPU); the tables above show the paired saving too
     "time_saving": ("own_time_saving_pct", "time saved % (vs its own full epochs)", 1),
     "updated_params_reduction": ("updated_params_reduction_pct", "updated-parameter reduction %", 1),  # WUS Table 3
 }
@@ -298,8 +298,8 @@ def paper_scale(
         "Ours: the mean over seeds and its 95% interval (accuracy Δ and reduction: the t-interval over seeds, from 3 "
         "seeds; time saved: the interval of `cheaptrain.timing`, which also sees how epochs scatter within a run, each "
         "put at the run's typical machine speed, read from its evaluation passes); "
-        "time saved is the run's against its own full epochs (the saving against its baseline's run, hours apart on "
-        "a shared machine, carries that machine's drift: it is in the tables below); "
+        "time saved is the run's against its own full epochs (the saving against its baseline's run, which needs both "
+        "on one machine, is in the tables below); "
         "with 2 seeds the standard deviation (sd), with 1 the mean alone. Δ: method minus the baseline of the same "
         "recipe and seed; the paper's: its method minus its baseline. diff: ours minus the paper's.",
         f"Verdict: within tolerance when ours lies within ±{agree['acc_points']:g} points (accuracy Δ) or "

@@ -163,8 +163,7 @@ TIME_SAVED = {  # the cost table's time figure: against the baseline's run, or a
     "own_time_saving_pct": TimeSaved(
         "own time saved % [95%]",
         "time saved vs own full epochs (%, 95% interval)",
-        "against the run's own full epochs (runs hours apart on a shared machine carry its drift between them; this "
-        "figure does not)",
+        "against the run's own full epochs (it needs no baseline trained on the same machine)",
     ),
 }
 
