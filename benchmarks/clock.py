@@ -5,15 +5,16 @@
 For every method configuration of the results ledger (study, dataset, model, method) with --min-seeds entries or more,
 two time savings (cheaptrain.timing), each read two ways from the same entries:
   - own:      against the run's own full epochs (`run_time`);
-  - paired:   against the baseline of the same seed (`paired_saving`), over the seeds whose baseline trained on the
-              same machine (device, CPU threads and vector instructions: `aggregate.machine_difference`);
+  - paired:   against the baseline of the same recipe and seed (`paired_saving`), over the seeds whose baseline
+              trained on the same machine (device, CPU threads and vector instructions: `aggregate.machine_difference`);
   - wall:       each epoch's seconds as measured (the entries' `eval_s` left out);
   - evaluation: each epoch's seconds put at the run's typical machine speed, read from its evaluation passes, and a
                 run's at its baseline's typical speed, as the report computes them.
-Printed per configuration: its seeds, those paired on one machine, the compute saved (exact: the bound), then per
-saving and clock the mean over seeds and their standard deviation. A clock that tracks the machine leaves the own
-saving's mean where full and cheaper epochs interleave (DFP's schedule), narrows its scatter where drift hit one kind
-of epoch alone, and brings the paired saving, hours apart on a shared machine, to the own one. No training: seconds.
+Runs that ended at chance accuracy are left out, as the report leaves them out. Printed per configuration: its seeds,
+those paired on one machine, the compute saved (exact: the bound), then per saving and clock the mean over seeds and
+their standard deviation. A clock that tracks the machine leaves the own saving's mean where full and cheaper epochs
+interleave (DFP's schedule), narrows its scatter where drift hit one kind of epoch alone, and brings the paired saving,
+hours apart on a shared machine, to the own one. No training: seconds.
 """
 
 import argparse
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int, run_main
-from cheaptrain.aggregate import BASELINE, Run, ledger_runs, machine_difference
+from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, ledger_runs, machine_difference
 from cheaptrain.ledger import ledger_root
 from cheaptrain.timing import RunTime, paired_saving, run_time
 
@@ -56,34 +57,34 @@ def main() -> None:
     root = args.ledger or ledger_root()
     if not root.is_dir():
         raise UserError(f"{root}: no results ledger there")
-    runs = ledger_runs(root)
-    baselines = {(r.study, r.dataset, r.model, r.seed): r for r in runs if r.method == BASELINE}
+    runs = [r for r in ledger_runs(root) if not collapsed(r)]
+    baselines = {(*config_key(r)[:3], config_key(r)[4], r.seed): r for r in runs if r.method == BASELINE}
     groups: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
         if r.method != BASELINE:
-            groups[(r.study, r.dataset, r.model, r.method)].append(r)
+            groups[config_key(r)].append(r)
     shown = {key: group for key, group in sorted(groups.items()) if len(group) >= args.min_seeds}
     if not shown:
         raise UserError(f"{root}: no method configuration has {args.min_seeds} entries or more")
+    times = {(id(r), c): timed(r, c) for r in runs for c in CLOCKS}  # each run's figures once per clock
 
     print(f"time saved % over seeds, {len(runs)} entries of {root}: mean and sd, per saving and clock")
     heads = ["seeds", "paired", "compute"] + [f"{saving} {clock}" for saving in ("own", "paired") for clock in CLOCKS]
     print(f"{'study/dataset/model/method':<38}" + "".join(f"{h:>{w}}" for h, w in zip(heads, WIDTHS, strict=True)))
     for key, group in shown.items():
-        own = {c: [t.own_saving_pct for r in group if (t := timed(r, c))] for c in CLOCKS}
-        with_baseline = [(r, b) for r in group if (b := baselines.get((*key[:3], r.seed)))]
+        own = {c: [t.own_saving_pct for r in group if (t := times[id(r), c])] for c in CLOCKS}
+        with_baseline = [(r, b) for r in group if (b := baselines.get((*key[:3], key[4], r.seed)))]
         pairs = [(r, b) for r, b in with_baseline if not machine_difference(r, b)]  # trained on one machine
-        paired: dict[str, list[float]] = {c: [] for c in CLOCKS}
-        for clock in CLOCKS:
-            for r, b in pairs:
-                if (t := timed(r, clock)) and (bt := timed(b, clock)):
-                    paired[clock].append(paired_saving(t, bt)[0])
+        paired = {
+            c: [paired_saving(t, bt)[0] for r, b in pairs if (t := times[id(r), c]) and (bt := times[id(b), c])]
+            for c in CLOCKS
+        }
         flops = [100 * (1 - r.metrics["total_train_flops"] / b.metrics["total_train_flops"]) for r, b in with_baseline
                  if r.metrics.get("total_train_flops") and b.metrics.get("total_train_flops")]  # fmt: skip
         compute = f"{statistics.fmean(flops):.1f}" if flops else "—"
         cells = [mean_sd(own[c]) for c in CLOCKS] + [mean_sd(paired[c]) for c in CLOCKS]
         row = [str(len(group)), str(len(pairs)), compute, *cells]
-        print(f"{'/'.join(key):<38}" + "".join(f"{c:>{w}}" for c, w in zip(row, WIDTHS, strict=True)))
+        print(f"{'/'.join(key[:4]):<38}" + "".join(f"{c:>{w}}" for c, w in zip(row, WIDTHS, strict=True)))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import resource
 import shutil
@@ -312,6 +313,21 @@ def quick(quick_started, shared_archive) -> Path:
 
     apply_overrides(repo / "params.yaml", overrides(yaml.safe_load((repo / "params.quick.yaml").read_text())))
     return repo
+
+
+def write_run(
+    root: Path, study: str, name: str, history: list[dict], metrics: dict, config: dict | None = None
+) -> None:
+    """A run's three files as the train stage writes them, in runs/ or a ledger: history.csv, metrics.json, run.json."""
+    folder = root / study / name
+    folder.mkdir(parents=True)
+    with open(folder / "history.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    info = {"name": name, "config": config or {"recipe": {"epochs": len(history), "lr": 0.02}}, "mlflow_run_id": name}
+    (folder / "run.json").write_text(json.dumps(info))
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

@@ -36,24 +36,10 @@ from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, phas
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
 from cheaptrain.timing import REPLICATES, paired_saving, resampled_medians, run_time, slowdown
 
-from conftest import REPO, grid, read_csv, run_in
+from conftest import REPO, grid, read_csv, run_in, write_run
 
 PUBLISHED = REPO / "data" / "published_results.csv"
 MEASURES = {"dfp": "best3_acc", "wus": "final_acc"}
-
-
-def write_run(
-    root: Path, study: str, name: str, history: list[dict], metrics: dict, config: dict | None = None
-) -> None:
-    folder = root / study / name
-    folder.mkdir(parents=True)
-    with open(folder / "history.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
-    (folder / "metrics.json").write_text(json.dumps(metrics))
-    info = {"name": name, "config": config or {"recipe": {"epochs": len(history), "lr": 0.02}}, "mlflow_run_id": name}
-    (folder / "run.json").write_text(json.dumps(info))
 
 
 FLOPS_PER_SAMPLE = 1.2e6  # forward + backward of a normal step

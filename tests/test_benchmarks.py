@@ -12,7 +12,7 @@ import torch
 
 from cheaptrain.prepare import write_prepared
 
-from conftest import run_script, synthetic_split
+from conftest import run_script, synthetic_split, write_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,23 +150,12 @@ def test_gpu_ledger_prepares_cifar10_again_unless_it_holds_every_training_image(
 
 def write_entry(root: Path, method: str, seed: int, history: list[dict[str, float]]) -> None:
     """A results-ledger entry of the DFP study's LeNet (the three files the train stage writes)."""
-    import csv
-    import json
-
-    name = f"cifar10-lenet-{method}-s{seed}"
-    folder = root / "dfp" / name
-    folder.mkdir(parents=True)
-    config = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": method, "seed": seed}
-    (folder / "run.json").write_text(json.dumps({"name": name, "config": config}))
     metrics = {"final_acc": 60.0, "best_acc": 60.0, "best3_acc": 60.0, "epochs": len(history),
                "train_time_s": sum(r["epoch_train_s"] for r in history),
                "total_trained_samples": sum(r["trained_samples"] for r in history),
                "total_train_flops": sum(r["train_flops"] for r in history)}  # fmt: skip
-    (folder / "metrics.json").write_text(json.dumps(metrics))
-    with open(folder / "history.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
+    config = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": method, "seed": seed}
+    write_run(root, "dfp", f"cifar10-lenet-{method}-s{seed}", history, metrics, config)
 
 
 def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds(monkeypatch, tmp_path):
