@@ -12,9 +12,13 @@ two time savings (cheaptrain.timing), each read two ways from the same entries:
                 run's at its baseline's typical speed, as the report computes them.
 Runs that ended at chance accuracy are left out, as the report leaves them out. Printed per configuration: its seeds,
 those paired on one machine, the compute saved (exact: the bound), then per saving and clock the mean over seeds and
-their standard deviation. A clock that tracks the machine leaves the own saving's mean where full and cheaper epochs
-interleave (DFP's schedule), narrows its scatter where drift hit one kind of epoch alone, and brings the paired saving,
-hours apart on a shared machine, to the own one. No training: seconds.
+their standard deviation, and last the ratio gap: over the paired seeds, the mean of how much longer (%) the run's full
+epoch trains per second of its evaluation than its baseline's does. The evaluation clock cannot see that gap (two
+machines of one name whose training and evaluation differ in speed unequally, or load that slows one more than the
+other), and it lowers the paired saving below the own one by about (100 - own) x gap / 100. A clock that tracks the
+machine leaves the own saving's mean where full and cheaper epochs interleave (DFP's schedule), narrows its scatter
+where drift hit one kind of epoch alone, and brings the paired saving, hours apart on a shared machine, to the own one
+less that gap. No training: seconds.
 """
 
 import argparse
@@ -31,7 +35,7 @@ from cheaptrain.ledger import ledger_root
 from cheaptrain.timing import RunTime, paired_saving, run_time
 
 CLOCKS = ("wall", "evaluation")
-WIDTHS = (6, 7, 8, 19, 19, 19, 19)  # the columns after the configuration
+WIDTHS = (6, 7, 8, 19, 19, 19, 19, 10)  # the columns after the configuration
 
 
 def timed(run: Run, clock: str) -> RunTime | None:
@@ -40,6 +44,11 @@ def timed(run: Run, clock: str) -> RunTime | None:
     if clock == "wall":
         history = [{k: v for k, v in row.items() if k != "eval_s"} for row in history]
     return run_time(history, f"{run.study}/{run.name}")
+
+
+def train_per_eval(t: RunTime) -> float | None:
+    """A full epoch's training seconds per evaluation second, both at the run's typical speed."""
+    return t.full_epoch_s / t.eval_s if t.eval_s else None
 
 
 def mean_sd(values: list[float]) -> str:
@@ -70,6 +79,7 @@ def main() -> None:
 
     print(f"time saved % over seeds, {len(runs)} entries of {root}: mean and sd, per saving and clock")
     heads = ["seeds", "paired", "compute"] + [f"{saving} {clock}" for saving in ("own", "paired") for clock in CLOCKS]
+    heads.append("ratio gap")
     print(f"{'study/dataset/model/method':<38}" + "".join(f"{h:>{w}}" for h, w in zip(heads, WIDTHS, strict=True)))
     for key, group in shown.items():
         own = {c: [t.own_saving_pct for r in group if (t := times[id(r), c])] for c in CLOCKS}
@@ -82,8 +92,12 @@ def main() -> None:
         flops = [100 * (1 - r.metrics["total_train_flops"] / b.metrics["total_train_flops"]) for r, b in with_baseline
                  if r.metrics.get("total_train_flops") and b.metrics.get("total_train_flops")]  # fmt: skip
         compute = f"{statistics.fmean(flops):.1f}" if flops else "—"
+        ratios = [(train_per_eval(t), train_per_eval(bt)) for r, b in pairs
+                  if (t := times[id(r), "evaluation"]) and (bt := times[id(b), "evaluation"])]  # fmt: skip
+        gaps = [100 * (ours / theirs - 1) for ours, theirs in ratios if ours and theirs]
+        gap = f"{statistics.fmean(gaps):+.1f}" if gaps else "—"
         cells = [mean_sd(own[c]) for c in CLOCKS] + [mean_sd(paired[c]) for c in CLOCKS]
-        row = [str(len(group)), str(len(pairs)), compute, *cells]
+        row = [str(len(group)), str(len(pairs)), compute, *cells, gap]
         print(f"{'/'.join(key[:4]):<38}" + "".join(f"{c:>{w}}" for c, w in zip(row, WIDTHS, strict=True)))
 
 

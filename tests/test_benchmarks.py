@@ -161,26 +161,34 @@ def write_entry(root: Path, method: str, seed: int, history: list[dict[str, floa
 def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds(monkeypatch, tmp_path):
     """InfoBatch's shape (pruned epochs at 0.8 of the work, full epochs last) on a machine at half speed until epoch
     30, its baseline hours earlier on a machine 1.5x slower still: with the wall clock the own saving is far below the
-    17% of work saved and the paired one far above; the evaluation clock reads 17.0 for both."""
+    17% of work saved and the paired one far above; the evaluation clock reads 17.0 for both. The same shape trained
+    1.1x slower per evaluation second than its baseline (`random_prune`) is what the clock cannot see: its own saving
+    stays 17.0, its paired one reads 100 - 83 x 1.1, and the ratio gap says +10.0."""
     for seed in range(3):
-        for method, pruned, load in (("baseline", range(0), 1.5), ("infobatch", range(2, 36), 1.0)):
+        for method, pruned, load, train_slower in (
+            ("baseline", range(0), 1.5, 1.0),
+            ("infobatch", range(2, 36), 1.0, 1.0),
+            ("random_prune", range(2, 36), 1.0, 1.1),
+        ):
             history = []
             for e in range(1, 41):
                 work, machine = (0.8 if e in pruned else 1.0), (2.0 if e <= 30 else 1.0) * load * (1 + 0.01 * seed)
-                history.append({"epoch": e, "test_acc": 50.0, "epoch_train_s": 5.0 * work * machine,
+                history.append({"epoch": e, "test_acc": 50.0, "epoch_train_s": 5.0 * work * machine * train_slower,
                                 "trained_samples": 50000 * work, "train_flops": 1e6 * work,
                                 "eval_s": 0.5 * machine})  # fmt: skip
             write_entry(tmp_path, method, seed, history)
     result = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path))
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:]}
-    assert list(rows) == ["dfp/cifar10/lenet/infobatch"]  # method configurations alone
-    seeds, paired, compute, own_wall, _, own_clock, own_sd, paired_wall, _, paired_clock, paired_sd = rows[
+    assert list(rows) == ["dfp/cifar10/lenet/infobatch", "dfp/cifar10/lenet/random_prune"]  # method configurations
+    seeds, paired, compute, own_wall, _, own_clock, own_sd, paired_wall, _, paired_clock, paired_sd, gap = rows[
         "dfp/cifar10/lenet/infobatch"
     ]
     assert (seeds, paired, compute) == ("3", "3", "17.0")
     assert float(own_wall) < 0 and float(paired_wall) > 40  # the slow machine's epochs priced as the method's
-    assert (own_clock, own_sd, paired_clock, paired_sd) == ("17.0", "0.0", "17.0", "0.0")
+    assert (own_clock, own_sd, paired_clock, paired_sd, gap) == ("17.0", "0.0", "17.0", "0.0", "+0.0")
+    *_, own_clock, own_sd, _, _, paired_clock, paired_sd, gap = rows["dfp/cifar10/lenet/random_prune"]
+    assert (own_clock, own_sd, paired_clock, paired_sd, gap) == ("17.0", "0.0", "8.7", "0.0", "+10.0")
     short = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--min-seeds", "4")
     assert short.returncode == 2 and "no method configuration has 4 entries or more" in short.stderr
     missing = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path / "none"))
