@@ -47,6 +47,11 @@ full rate alone, and its own saving with it, by tens of points on the ledger's s
 epochs interleave (DFP's schedule) the correction leaves the mean where it was. Between two runs hours apart the
 seconds compare the machine's load as much as the methods. `python benchmarks/clock.py` prints both savings read with
 both clocks over the ledger's seeds (docs/measured.md).
+
+What the clock cannot see: a run whose training is slower per evaluation second than its baseline's (two machines of
+one name whose training and evaluation speeds differ unequally, or load that slows one more than the other). A gap of
+g% in that ratio lowers the paired saving below the own one by about (100 − own)·g/100; clock.py prints it per
+configuration (its "ratio gap"). The own saving, both sides from one run, is unaffected.
 """
 
 from __future__ import annotations
