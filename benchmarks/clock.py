@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int, run_main
-from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, ledger_runs, machine_difference
+from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, ledger_runs, machine_difference, pair_key
 from cheaptrain.ledger import ledger_root
 from cheaptrain.timing import RunTime, paired_saving, run_time
 
@@ -46,9 +46,9 @@ def timed(run: Run, clock: str) -> RunTime | None:
     return run_time(history, f"{run.study}/{run.name}")
 
 
-def train_per_eval(t: RunTime) -> float | None:
-    """A full epoch's training seconds per evaluation second, both at the run's typical speed."""
-    return t.full_epoch_s / t.eval_s if t.eval_s else None
+def train_per_eval(t: RunTime | None) -> float | None:
+    """A full epoch's training seconds per evaluation second, both at the run's typical speed; None without them."""
+    return t.full_epoch_s / t.eval_s if t and t.eval_s else None
 
 
 def mean_sd(values: list[float]) -> str:
@@ -67,7 +67,7 @@ def main() -> None:
     if not root.is_dir():
         raise UserError(f"{root}: no results ledger there")
     runs = [r for r in ledger_runs(root) if not collapsed(r)]
-    baselines = {(*config_key(r)[:3], config_key(r)[4], r.seed): r for r in runs if r.method == BASELINE}
+    baselines = {pair_key(r): r for r in runs if r.method == BASELINE}
     groups: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
         if r.method != BASELINE:
@@ -83,7 +83,7 @@ def main() -> None:
     print(f"{'study/dataset/model/method':<38}" + "".join(f"{h:>{w}}" for h, w in zip(heads, WIDTHS, strict=True)))
     for key, group in shown.items():
         own = {c: [t.own_saving_pct for r in group if (t := times[id(r), c])] for c in CLOCKS}
-        with_baseline = [(r, b) for r in group if (b := baselines.get((*key[:3], key[4], r.seed)))]
+        with_baseline = [(r, b) for r in group if (b := baselines.get(pair_key(r)))]
         pairs = [(r, b) for r, b in with_baseline if not machine_difference(r, b)]  # trained on one machine
         paired = {
             c: [paired_saving(t, bt)[0] for r, b in pairs if (t := times[id(r), c]) and (bt := times[id(b), c])]
@@ -92,8 +92,9 @@ def main() -> None:
         flops = [100 * (1 - r.metrics["total_train_flops"] / b.metrics["total_train_flops"]) for r, b in with_baseline
                  if r.metrics.get("total_train_flops") and b.metrics.get("total_train_flops")]  # fmt: skip
         compute = f"{statistics.fmean(flops):.1f}" if flops else "—"
-        ratios = [(train_per_eval(t), train_per_eval(bt)) for r, b in pairs
-                  if (t := times[id(r), "evaluation"]) and (bt := times[id(b), "evaluation"])]  # fmt: skip
+        ratios = [
+            (train_per_eval(times[id(r), "evaluation"]), train_per_eval(times[id(b), "evaluation"])) for r, b in pairs
+        ]
         gaps = [100 * (ours / theirs - 1) for ours, theirs in ratios if ours and theirs]
         gap = f"{statistics.fmean(gaps):+.1f}" if gaps else "—"
         cells = [mean_sd(own[c]) for c in CLOCKS] + [mean_sd(paired[c]) for c in CLOCKS]

@@ -208,6 +208,12 @@ def config_key(run: Run) -> tuple[str, ...]:
     return run.study, run.dataset, run.model, run.method, recipe_id(run.config.get("recipe"))
 
 
+def pair_key(run: Run) -> tuple:
+    """What pairs a run with its baseline: study, dataset, model, recipe fingerprint and seed."""
+    key = config_key(run)
+    return (*key[:3], key[4], run.seed)
+
+
 def row_key(row: dict[str, Any]) -> tuple[str, ...]:
     return (*(row[k] for k in KEY), row.get("recipe", ""))
 
@@ -255,9 +261,6 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
     """One row per configuration (study, dataset, model, method, recipe): statistics over seeds, methods paired by seed
     with the baseline of the same recipe; wall-clock savings only where both runs of every pair trained on one
     machine (device and CPU threads); runs that ended at chance (`collapsed`) left out, and named."""
-
-    def pair_key(r: Run) -> tuple:
-        return (*config_key(r)[:3], config_key(r)[4], r.seed)
 
     baselines = {pair_key(r): r for r in runs if r.method == BASELINE and not collapsed(r)}
     failed_baselines = {pair_key(r) for r in runs if r.method == BASELINE and collapsed(r)}
