@@ -11,6 +11,9 @@ random crop with 4-pixel padding and horizontal flip) on the prepared CIFAR-10 t
   - this loop, NCHW: the same with train.channels_last off, so that the layout's share of the speed-up is visible;
   - the bare model: the same SGD steps on the very batches this loop trains on (the same seeded shuffle and crops),
     made beforehand: no loading, no hooks, the floor of any loop (making the batches is timed apart);
+  - the bare model, batches in the loop: the same steps, each batch made just before it as this loop makes it,
+    so that this loop's time above the bare model's splits into making the batches and the rest (per-sample losses,
+    the method's hooks, the bookkeeping);
   - conventional: torchvision RandomCrop(32, padding=4) + RandomHorizontalFlip + ToTensor + Normalize in a Dataset
     of PIL images, DataLoader(batch_size=128, shuffle=True, num_workers=2), the NCHW model.
 Target: this loop within 1.15x of the bare model's own time. The loops alternate so that machine noise hits all of
@@ -28,7 +31,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,13 @@ def epoch_batches(t: Training) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [t.train_data.batch(b, t.cfg.recipe.augment, t.generator) for b in order.split(t.cfg.recipe.batch_size)]
 
 
+def batches_in_loop(t: Training) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of epoch_batches(t), each made when the loop asks for it, as train_epoch makes them."""
+    order = torch.randperm(len(t.train_data), generator=t.generator, device=t.train_data.device)
+    for b in order.split(t.cfg.recipe.batch_size):
+        yield t.train_data.batch(b, t.cfg.recipe.augment, t.generator)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
@@ -133,6 +143,10 @@ def main() -> None:
         batches_alone.append(time.perf_counter() - start)
         return counted("bare model", lambda: plain_epoch(t, batches))
 
+    def bare_model_making_batches() -> float:
+        t = fresh(cfg)
+        return counted("bare model, batches in the loop", lambda: plain_epoch(t, batches_in_loop(t)))
+
     def conventional_epoch() -> float:
         t = fresh(nchw)
         return counted("conventional", lambda: plain_epoch(t, conventional))
@@ -142,6 +156,7 @@ def main() -> None:
         "this loop": lambda: ours(cfg, "this loop"),
         "this loop, NCHW": lambda: ours(nchw, "this loop, NCHW"),
         "bare model": bare_model,
+        "bare model, batches in the loop": bare_model_making_batches,
     }
     times: dict[str, list[float]] = {name: [] for name in loops}
     for repeat in range(args.repeats):
@@ -159,10 +174,17 @@ def main() -> None:
     print("page faults of this process in an epoch, median: " + ", ".join(
         f"{k} {statistics.median(v):,.0f}" for k, v in faults.items()
     ))  # fmt: skip
-    above = statistics.median(x - y for x, y in zip(times["this loop"], times["bare model"], strict=True))
+
+    def above(a: str, b: str) -> float:
+        """Median over the repeats of a's seconds minus b's, each from epochs run next to each other."""
+        return statistics.median(x - y for x, y in zip(times[a], times[b], strict=True))
+
+    inline = "bare model, batches in the loop"
+    making, rest = above(inline, "bare model"), above("this loop", inline)
     print(
-        f"making an epoch's batches alone: {statistics.median(batches_alone):.3f} s; this loop's time above the "
-        f"bare model's: {above:.3f} s (medians over the repeats)"
+        f"this loop's time above the bare model's: {above('this loop', 'bare model'):.3f} s; of it, making the batches "
+        f"in the loop {making:.3f} s (making them alone, outside any loop: {statistics.median(batches_alone):.3f} s), "
+        f"the rest (per-sample losses, the method's hooks, the bookkeeping) {rest:.3f} s (medians over the repeats)"
     )
 
     def ratio(a: str, b: str) -> tuple[float, float, float]:

@@ -4,6 +4,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -131,6 +132,29 @@ def test_malloc_and_loader_benchmarks_state_the_torch_version_and_thread_count(t
     result = benchmark(script, "--data", tiny_data, *args)
     assert result.returncode == 0, result.stderr
     assert re.search(rf"torch {re.escape(torch.__version__)}, \d+ threads, ", result.stdout), result.stdout
+
+
+def test_the_loader_benchmarks_bare_model_trains_on_the_same_batches_made_beforehand_or_in_the_loop(tiny_data):
+    """Its split of this loop's overhead (making the batches, the rest) holds only if both bare loops see one data."""
+    spec = importlib.util.spec_from_file_location("loader_benchmark", REPO / "benchmarks" / "loader.py")
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    from cheaptrain.config import load_params, resolve_run
+    from cheaptrain.data import load_split
+    from cheaptrain.methods import Method
+    from cheaptrain.trainer import prepare
+
+    params = load_params(REPO / "params.yaml")
+    cfg = replace(resolve_run(params, "dfp", "cifar10", "lenet", "baseline", 0), device="cpu")
+    cfg = replace(cfg, recipe=replace(cfg.recipe, batch_size=24))  # 64 images: a shorter last batch too
+    splits = [load_split(Path(tiny_data), s) for s in ("train", "test")]
+    beforehand = loader.epoch_batches(prepare(cfg, *splits, Method()))
+    in_loop = list(loader.batches_in_loop(prepare(cfg, *splits, Method())))
+    assert [len(y) for _, y in in_loop] == [24, 24, 16]
+    assert len(beforehand) == len(in_loop)
+    for (x0, y0), (x1, y1) in zip(beforehand, in_loop, strict=True):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+        assert x0.stride() == x1.stride()  # the same memory layout: channels_last as the recipe asks
 
 
 @pytest.mark.parametrize(("train_size", "prepared_again"), [(32, True), (None, False)])
