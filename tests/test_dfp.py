@@ -165,6 +165,23 @@ def test_a_pruning_epoch_keeps_exactly_n_minus_prune_num_distinct_samples_with_t
     assert method.epoch_metrics()["pruned_samples"] == 300
 
 
+def test_a_pruning_epoch_that_begins_a_window_selects_by_the_last_windows_counts_then_resets_them():
+    """Once the starting point reaches 0, epochs e mod window == 0 prune (the quick setting's epoch 10, the papers'
+    100, 120, ...): they read the full last window's counts, not the new window's zeros, which would pick at random."""
+    method = ready(num_samples=1000, epochs=10, **QUICK)
+    assert method.plan[9] == (0, True)  # epoch 10: starting point 0, a pruning epoch, 10 mod 5 == 0
+    for epoch in range(1, 10):
+        method.on_epoch_start(epoch, 0.1)
+    method.counts.copy_(torch.randint(0, 6, (1000,), generator=torch.Generator().manual_seed(2)))  # epochs 5-9's
+    counts = method.counts.clone()
+    kept = method.on_epoch_start(10, 0.1)
+    assert len(kept) == 700
+    pruned = torch.ones(1000, dtype=torch.bool)
+    pruned[kept] = False
+    assert counts[kept].max() <= counts[pruned].min()  # the highest counts of the last window left out
+    assert method.counts.sum() == 0  # and then the new window begins
+
+
 def test_a_fraction_is_of_the_training_set_and_ties_break_at_random_from_the_seed():
     def kept(seed: int) -> list[int]:
         method = ready(num_samples=1000, epochs=10, seed=seed, **QUICK)  # all counts 0: every sample ties
