@@ -205,6 +205,16 @@ def timed_history(seconds: list[float], skip: set[int] = frozenset()) -> list[di
     ]  # fmt: skip
 
 
+def test_the_first_epoch_is_priced_at_the_full_epochs_rate_not_counted_among_them():
+    """Epoch 1 (compiling, warming caches) is timed apart: left out of its kind's rates, its work is priced at the
+    median of the later full epochs."""
+    t = run_time(timed_history([100.0, 1.0, 1.0, 2.0]), "epoch 1 apart")
+    assert t.first_epoch_s == 100.0
+    assert t.full_epoch_s == 1.0  # the median of epochs 2-4; with epoch 1 among them, 1.5
+    assert t.robust_time_s == 4.0  # four full epochs at 1 s
+    assert t.own_saving_pct == 0.0
+
+
 def write_timed_run(root: Path, method: str, history: list[dict[str, float]]) -> None:
     metrics = {"final_acc": 60.0, "best_acc": 60.0, "best3_acc": 60.0, "epochs": len(history),
                "train_time_s": sum(r["epoch_train_s"] for r in history),
@@ -618,6 +628,9 @@ def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there(
     accuracies[key["infobatch"]] = {0: 95.0, 1: 95.6, 2: 94.4}  # better than the best on the seeds they share
     (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
     assert line.endswith("the lead is -1.00 [-1.25, -0.75] points; infobatch leads on the seeds they share.")
+    accuracies[key["infobatch"]] = {0: 94.5, 1: 94.0, 2: 94.5}  # ahead on two seeds of three, behind on one
+    (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
+    assert line.endswith("the lead is -0.33 [-2.23, +1.56] points; it includes 0: not a finding.")
 
 
 def test_dfps_selection_is_weighed_against_its_random_control_seed_by_seed():

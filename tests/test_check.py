@@ -15,7 +15,7 @@ import yaml
 
 from cheaptrain import UserError
 from cheaptrain.aggregate import read_summary, summary_csv
-from cheaptrain.check import Check, evaluate, load_gate, render
+from cheaptrain.check import Check, compare_reference, evaluate, load_gate, render
 
 from conftest import REPO, run_in, run_stage
 
@@ -176,6 +176,18 @@ def test_gate_fails_when_a_method_lost_accuracy_against_the_reference(tmp_path):
     result = gate(tmp_path, worse, THRESHOLDS | {"reference": str(reference)})  # a baseline 3 points below its own
     (violation,) = [line for line in squash(result.stdout).splitlines() if line.startswith("FAIL ")]
     assert "wus cifar10/lenet/baseline accuracy vs the reference's 58.00 (ref 61.00)" in violation
+
+
+def test_a_loss_against_the_reference_of_exactly_the_margin_passes_and_a_hundredth_more_fails():
+    reference = [row("wus", "wus", 60.0, acc_delta=-1.0)]
+
+    def status(delta: float) -> str:
+        (check,) = compare_reference([row("wus", "wus", 60.0, acc_delta=delta)], reference, margin=0.5)
+        return check.status
+
+    assert status(-1.5) == "pass"  # 0.5 points lost: the margin itself
+    assert status(-1.51) == "FAIL"
+    assert status(-0.2) == "pass"  # a gain
 
 
 def test_reference_of_another_setting_or_without_the_method_is_not_compared(tmp_path):

@@ -470,6 +470,34 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     assert "Ledger runs not at the paper's setting, not counted: dfp cifar10/vgg19/dfp (lr 0.05 (paper: 0.1))" in text
 
 
+def test_an_accuracy_claim_further_than_the_tolerance_agrees_where_the_papers_figure_lies_in_our_interval():
+    """Beyond `agree_within`'s 0.5 points, the paper's Δ inside our 95% t-interval still agrees: our seeds cannot tell
+    the two apart. The interval widens the tolerance, never narrows it."""
+    from cheaptrain.report.claims import Claim, claim_verdict
+
+    claim = Claim("dfp", "cifar10", "lenet", "dfp", "acc_delta", "accuracy Δ (points)", 2, -0.43)
+
+    def verdict(mean: float, ci95: float) -> str:
+        return claim_verdict(claim, claim_row("lenet", "dfp", acc_delta=(mean, ci95)), AGREE)
+
+    assert verdict(-1.20, 0.80) == "within tolerance"  # 0.77 from the paper's, inside our ±0.80
+    assert verdict(-1.20, 0.70) == "outside tolerance"  # the paper's outside both
+    assert verdict(-0.80, 0.10) == "within tolerance"  # 0.37 from it: the tolerance alone
+
+
+def test_a_run_ends_at_chance_within_one_point_of_it():
+    """CIFAR-10's chance is 10%: a final accuracy up to 11.0 counts as collapsed, one above it as trained; CIFAR-100's
+    is 1%."""
+    from cheaptrain.aggregate import collapsed
+
+    run = run_of(claim_row("alexnet", "baseline", study="wus"))
+    assert not collapsed(run)
+    assert collapsed(replace(run, metrics={**run.metrics, "final_acc": 11.0}))
+    assert not collapsed(replace(run, metrics={**run.metrics, "final_acc": 11.1}))
+    assert collapsed(replace(run, dataset="cifar100", metrics={**run.metrics, "final_acc": 2.0}))  # chance 1%
+    assert not collapsed(replace(run, dataset="cifar100", metrics={**run.metrics, "final_acc": 2.1}))
+
+
 def test_the_papers_networks_record_our_models_defaults_as_models_py_declares_them():
     from cheaptrain.models import MODELS
 

@@ -236,6 +236,13 @@ def test_one_stable_epoch_alone_starts_nothing():
     assert drive("wus", accuracies[:9])[0].initial_epoch == 0  # never held
 
 
+def test_a_trailing_std_equal_to_the_threshold_is_not_stable():
+    """Stable means below the threshold: with a window of 2, accuracies 1 point apart have std 0.5 exactly."""
+    on_threshold = [50, 51, 50, 51, 50, 51]  # std 0.5 from epoch 2 on
+    assert drive("wus", on_threshold, std_window=2, std_threshold=0.5)[0].initial_epoch == 0
+    assert drive("wus", on_threshold, std_window=2, std_threshold=0.51)[0].initial_epoch == 4  # stable at 2 and 3
+
+
 def test_trailing_std_is_the_population_std_of_the_last_window_and_absent_before():
     rows = []
     method = create_method("wus", {"std_window": 3})
