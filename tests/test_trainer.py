@@ -1,4 +1,5 @@
-"""The training loop on small synthetic data: determinism, what the hooks see, divergence, exact resume."""
+"""The training loop on small synthetic data: determinism, what the hooks see, train and eval modes, the lr schedule,
+an epoch's FLOPs, divergence, exact resume."""
 
 import dataclasses
 import io
@@ -7,9 +8,12 @@ import sys
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from cheaptrain.cost import step_flops
 from cheaptrain.methods import Method
-from cheaptrain.trainer import TrainingDiverged, final_metrics, fit, prepare
+from cheaptrain.models import create_model
+from cheaptrain.trainer import TrainingDiverged, evaluate, final_metrics, fit, prepare, run_epoch, train_epoch
 
 from conftest import small_config, synthetic_split
 
@@ -106,6 +110,55 @@ def test_hooks_see_selected_samples_per_sample_losses_and_accuracy():
     assert method.run_metrics() == {"epochs_seen": 3}
     orders = [torch.cat([i for i, _ in method.batches[e]]).tolist() for e in (1, 2)]
     assert orders[0] != orders[1]  # reshuffled every epoch
+
+
+def test_training_runs_in_train_mode_and_evaluation_in_eval_mode_every_epoch():
+    """BatchNorm normalises a training batch by the batch's statistics and moves its running ones; evaluation uses
+    the running statistics and leaves them as they are, and the next epoch trains in train mode again."""
+    t = prepare(small_config(model="vgg11"), TRAIN, TEST, Method())
+    norm = next(m for m in t.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    modes = []
+    norm.register_forward_pre_hook(lambda module, _: modes.append(module.training))
+    for epoch in (1, 2):
+        modes.clear()
+        before = norm.running_mean.clone()
+        train_epoch(t, epoch, t.cfg.recipe.lr_at(epoch))
+        assert modes and all(modes) and not torch.equal(norm.running_mean, before)
+        modes.clear()
+        trained = norm.running_mean.clone()
+        evaluate(t, t.test_data)
+        assert modes and not any(modes) and torch.equal(norm.running_mean, trained)
+
+
+def test_each_epoch_trains_at_its_scheduled_learning_rate():
+    t = prepare(small_config(), TRAIN, TEST, Method())  # lr 0.05, and 0.005 after the milestone at epoch 2
+    for epoch in (1, 2, 3):
+        run_epoch(t, epoch)
+        assert [group["lr"] for group in t.optimizer.param_groups] == [pytest.approx(t.cfg.recipe.lr_at(epoch))]
+    assert t.optimizer.param_groups[0]["lr"] == pytest.approx(0.005)
+
+
+def test_an_epochs_flops_count_a_shorter_last_batch_at_its_size():
+    t = prepare(small_config(), TRAIN, TEST, Method())  # 300 samples in batches of 32: 9 full ones, then 12
+    full, last = (step_flops(t.model, size, t.cfg.channels_last) for size in (32, 12))
+    assert last * 32 == full * 12  # a step's multiplies and convolutions scale with the batch
+    assert run_epoch(t, 1)["train_flops"] == 9 * full + last
+
+
+def test_a_step_whose_parameters_are_frozen_but_the_last_bias_costs_its_forward_pass_alone():
+    """WUS's skip batch: autograd stops at the trained bias, so no backward pass through the network is counted."""
+    model = create_model("lenet", 10)
+    trained = {"classifier.bias"}
+    assert trained <= dict(model.named_parameters()).keys()
+    full = step_flops(model, 128, channels_last=False)
+    with FlopCounterMode(display=False) as counter:
+        model.to("meta")(torch.empty(128, 3, 32, 32, device="meta"))
+    forward = counter.get_total_flops()
+    model = create_model("lenet", 10)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name in trained)
+    assert step_flops(model, 128, channels_last=False) == forward
+    assert full > 2 * forward  # every weight's gradient, and every layer's input gradient but the first's
 
 
 class Poison(Method):
