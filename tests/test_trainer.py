@@ -161,6 +161,32 @@ def test_a_step_whose_parameters_are_frozen_but_the_last_bias_costs_its_forward_
     assert full > 2 * forward  # every weight's gradient, and every layer's input gradient but the first's
 
 
+class Everything(Recorder):
+    """Records what Recorder records, training every sample."""
+
+    def on_epoch_start(self, epoch, lr):
+        super().on_epoch_start(epoch, lr)
+
+
+class Drawing(Everything):
+    """Also draws from torch's global generator, as a method with randomness of its own might."""
+
+    def on_epoch_start(self, epoch, lr):
+        super().on_epoch_start(epoch, lr)
+        torch.rand(1000)
+
+
+def test_a_methods_draws_from_the_global_generator_leave_the_data_order_alone():
+    """The loop shuffles and augments with the run's own generator, so a method that draws random numbers trains on
+    the batches its baseline trains on, until it chooses other samples."""
+    quiet, drawing = Everything(), Drawing()
+    histories = [fit(small_config(), TRAIN, TEST, method) for method in (quiet, drawing)]
+    for epoch in (1, 2, 3):
+        orders = [torch.cat([i for i, _ in m.batches[epoch]]).tolist() for m in (quiet, drawing)]
+        assert sorted(orders[0]) == list(range(300)) and orders[0] == orders[1]
+    assert without_timings(histories[0]) == without_timings(histories[1])
+
+
 class Poison(Method):
     def on_epoch_start(self, epoch, lr):
         if epoch == 2:
