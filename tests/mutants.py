@@ -1,0 +1,87 @@
+"""The mutation check: do the tests pin the rules of the code? Each mutant of tests/mutants.yaml breaks one rule (a
+comparison, an order, a formula) in a copy of this checkout, and the tests it names run against that copy (`-m "not
+e2e"`): a mutant is killed when they fail, and one that survives names a rule no test pins. Minutes per dozen
+mutants on 2 CPU cores, so it is not part of `make test`; run it after changing a method or the report, and add a
+mutant for each rule a change brings.
+
+    python tests/mutants.py                 # every mutant
+    python tests/mutants.py dfp wus         # those whose name contains any of these words
+
+It exits 1 if a mutant survived, or if one is stale (its `old` text no longer occurs exactly once in its file).
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LIST = Path(__file__).with_name("mutants.yaml")
+
+
+def copy_checkout(to: Path) -> Path:
+    """The checkout's tracked files as they are now, uncommitted edits included, beside a link to ../shared."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    root = to / "main"
+    for name in filter(None, files.split("\0")):
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    if (REPO.parent / "shared").is_dir():
+        (to / "shared").symlink_to(REPO.parent / "shared")
+    return root
+
+
+def run(mutant: dict, root: Path) -> tuple[str, str]:
+    """('killed' | 'survived' | 'stale' | 'error', pytest's last line) for one mutant, its file restored after."""
+    path = root / mutant["file"]
+    text = path.read_text() if path.is_file() else ""
+    if text.count(mutant["old"]) != 1:
+        return "stale", f"`old` occurs {text.count(mutant['old'])} times in {mutant['file']}"
+    path.write_text(text.replace(mutant["old"], mutant["new"]))
+    try:
+        # the copy's code first; and a session of its own, outside any queue of `make test` (tests/conftest.py)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHEAPTRAIN_TEST_")}
+        env |= {"PYTHONPATH": str(root / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not e2e"]
+        done = subprocess.run([*command, *mutant["tests"]], cwd=root, env=env, capture_output=True, text=True)
+    finally:
+        path.write_text(text)
+    last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return {0: "survived", 1: "killed"}.get(done.returncode, "error"), last
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("words", nargs="*", help="run the mutants whose name contains any of these (default: all)")
+    parser.add_argument("--list", type=Path, default=LIST, help="the mutants (default: %(default)s)")
+    args = parser.parse_args()
+    listed = yaml.safe_load(args.list.read_text()) or []
+    mutants = [m for m in listed if not args.words or any(w in m["name"] for w in args.words)]
+    if not mutants:
+        sys.exit(f"error: no mutant in {args.list}" + (f" whose name contains any of {args.words}" * bool(args.words)))
+    outcomes: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        root = copy_checkout(Path(tmp))
+        for i, mutant in enumerate(mutants, 1):
+            start = time.perf_counter()
+            outcome, last = run(mutant, root)
+            outcomes.setdefault(outcome, []).append(mutant["name"])
+            print(f"[{i}/{len(mutants)}] {outcome:8} {mutant['name']} ({time.perf_counter() - start:.0f} s: {last})",
+                  flush=True)  # fmt: skip
+    print(f"\n{len(outcomes.get('killed', []))} of {len(mutants)} mutants killed")
+    for outcome in ("survived", "stale", "error"):
+        for name in outcomes.get(outcome, []):
+            print(f"  {outcome}: {name}")
+    if set(outcomes) - {"killed"}:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
