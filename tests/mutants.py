@@ -1,7 +1,7 @@
 """The mutation check: do the tests pin the rules of the code? Each mutant of tests/mutants.yaml breaks one rule (a
 comparison, an order, a formula) in a copy of this checkout, and the tests it names run against that copy (`-m "not
 e2e"`): a mutant is killed when they fail, and one that survives names a rule no test pins. First those tests run
-unmutated, and must pass. All of it takes about 12 minutes on 2 CPU cores, so it is not part of `make test`; run it
+unmutated, and must pass. All of it takes about 16 minutes on 2 CPU cores, so it is not part of `make test`; run it
 after changing a method or the report, and add a mutant for each rule a change brings.
 
     python tests/mutants.py                 # every mutant
@@ -77,7 +77,13 @@ def main() -> None:
     parser.add_argument("words", nargs="*", help="run the mutants whose name contains any of these (default: all)")
     parser.add_argument("--list", type=Path, default=LIST, help="the mutants (default: %(default)s)")
     args = parser.parse_args()
-    listed = yaml.safe_load(args.list.read_text()) or []
+    try:
+        listed = yaml.safe_load(args.list.read_text()) or []
+    except (OSError, yaml.YAMLError) as e:
+        sys.exit(f"error: {args.list}: {' '.join(str(e).split())}")
+    keys = {"name", "file", "old", "new", "tests"}
+    if not isinstance(listed, list) or any(not isinstance(m, dict) or m.keys() != keys for m in listed):
+        sys.exit(f"error: {args.list}: a list of mutants, each with exactly the keys {', '.join(sorted(keys))}")
     mutants = [m for m in listed if not args.words or any(w in m["name"] for w in args.words)]
     if not mutants:
         sys.exit(f"error: no mutant in {args.list}" + (f" whose name contains any of {args.words}" * bool(args.words)))

@@ -470,6 +470,19 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
     assert "Ledger runs not at the paper's setting, not counted: dfp cifar10/vgg19/dfp (lr 0.05 (paper: 0.1))" in text
 
 
+def test_a_per_model_setting_is_a_deviation_for_its_own_network_and_never_for_the_epochs():
+    """`recipes.<study>.per_model` documents a network's own setting: the run still counts at the paper's setting,
+    the deviation named. It does not cover another network, nor the 200 epochs every claim is about."""
+    from cheaptrain.papers import paper_setting
+
+    wrn10_lr = paper_recipe("dfp", lr=0.05, per_model={"wrn10": {"lr": 0.05}})
+    assert paper_setting("dfp", wrn10_lr, "wrn10") == (True, ["lr 0.05 for wrn10 (recipes.dfp.per_model; paper: 0.1)"])
+    assert paper_setting("dfp", wrn10_lr, "vgg16") == (False, ["lr 0.05 (paper: 0.1)"])
+    shorter = paper_recipe("dfp", epochs=100, per_model={"wrn10": {"epochs": 100}})
+    assert paper_setting("dfp", shorter, "wrn10") == (False, ["epochs 100 (paper: 200)"])
+    assert paper_setting("dfp", paper_recipe("dfp"), "wrn10") == (True, [])
+
+
 def test_an_accuracy_claim_further_than_the_tolerance_agrees_where_the_papers_figure_lies_in_our_interval():
     """Beyond `agree_within`'s 0.5 points, the paper's Δ inside our 95% t-interval still agrees: our seeds cannot tell
     the two apart. The interval widens the tolerance, never narrows it."""
