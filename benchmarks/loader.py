@@ -79,17 +79,17 @@ def plain_epoch(t: Training, batches: Iterable[tuple[torch.Tensor, torch.Tensor]
     return time.perf_counter() - start
 
 
-def epoch_batches(t: Training) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches train_epoch makes for `t` in its first epoch: the same draws from its generator, in order."""
-    order = torch.randperm(len(t.train_data), generator=t.generator, device=t.train_data.device)
-    return [t.train_data.batch(b, t.cfg.recipe.augment, t.generator) for b in order.split(t.cfg.recipe.batch_size)]
-
-
 def batches_in_loop(t: Training) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches of epoch_batches(t), each made when the loop asks for it, as train_epoch makes them."""
+    """The batches train_epoch makes for `t` in its first epoch (the same draws from its generator, in order), each
+    made when the loop asks for it, as train_epoch makes them."""
     order = torch.randperm(len(t.train_data), generator=t.generator, device=t.train_data.device)
     for b in order.split(t.cfg.recipe.batch_size):
         yield t.train_data.batch(b, t.cfg.recipe.augment, t.generator)
+
+
+def epoch_batches(t: Training) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same batches, all made beforehand."""
+    return list(batches_in_loop(t))
 
 
 def main() -> None:

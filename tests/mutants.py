@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 LIST = Path(__file__).with_name("mutants.yaml")
 
 
-def git(*args: str, cwd: Path = REPO) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
 
 
 def copy_checkout(to: Path) -> Path:

@@ -134,27 +134,36 @@ def test_malloc_and_loader_benchmarks_state_the_torch_version_and_thread_count(t
     assert re.search(rf"torch {re.escape(torch.__version__)}, \d+ threads, ", result.stdout), result.stdout
 
 
-def test_the_loader_benchmarks_bare_model_trains_on_the_same_batches_made_beforehand_or_in_the_loop(tiny_data):
-    """Its split of this loop's overhead (making the batches, the rest) holds only if both bare loops see one data."""
+def test_the_loader_benchmarks_bare_model_trains_on_the_batches_of_the_training_loop(tiny_data):
+    """Its split of this loop's overhead (making the batches, the rest) holds only if the bare loops, batches made
+    beforehand or in the loop, see the very inputs train_epoch trains on: images, layout and labels."""
     spec = importlib.util.spec_from_file_location("loader_benchmark", REPO / "benchmarks" / "loader.py")
     loader = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loader)
     from cheaptrain.config import load_params, resolve_run
     from cheaptrain.data import load_split
     from cheaptrain.methods import Method
-    from cheaptrain.trainer import prepare
+    from cheaptrain.trainer import prepare, train_epoch
+
+    class Indices(Method):
+        def on_batch_end(self, indices, losses):
+            trained.append(indices)
 
     params = load_params(REPO / "params.yaml")
     cfg = replace(resolve_run(params, "dfp", "cifar10", "lenet", "baseline", 0), device="cpu")
     cfg = replace(cfg, recipe=replace(cfg.recipe, batch_size=24))  # 64 images: a shorter last batch too
     splits = [load_split(Path(tiny_data), s) for s in ("train", "test")]
-    beforehand = loader.epoch_batches(prepare(cfg, *splits, Method()))
-    in_loop = list(loader.batches_in_loop(prepare(cfg, *splits, Method())))
-    assert [len(y) for _, y in in_loop] == [24, 24, 16]
-    assert len(beforehand) == len(in_loop)
-    for (x0, y0), (x1, y1) in zip(beforehand, in_loop, strict=True):
-        assert torch.equal(x0, x1) and torch.equal(y0, y1)
-        assert x0.stride() == x1.stride()  # the same memory layout: channels_last as the recipe asks
+    t, inputs, trained = prepare(cfg, *splits, Indices()), [], []
+    t.model.register_forward_pre_hook(lambda module, args: inputs.append(args[0].clone()))
+    train_epoch(t, 1, cfg.recipe.lr)
+    loop = [(x, t.train_data.labels[i]) for x, i in zip(inputs, trained, strict=True)]
+    assert [len(y) for _, y in loop] == [24, 24, 16]
+    for made in (loader.epoch_batches, lambda t: list(loader.batches_in_loop(t))):
+        batches = made(prepare(cfg, *splits, Method()))
+        assert len(batches) == len(loop)
+        for (x0, y0), (x1, y1) in zip(loop, batches, strict=True):
+            assert torch.equal(x0, x1) and torch.equal(y0, y1)
+            assert x0.stride() == x1.stride()  # the same memory layout: channels_last as the recipe asks
 
 
 @pytest.mark.parametrize(("train_size", "prepared_again"), [(32, True), (None, False)])

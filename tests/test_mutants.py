@@ -3,11 +3,11 @@ survives and from a stale one."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 MUTANTS = yaml.safe_load((REPO / "tests" / "mutants.yaml").read_text())
 
 

@@ -20,6 +20,7 @@ import yaml
 from cheaptrain import UserError
 from cheaptrain.aggregate import (
     Run,
+    collapsed,
     collect,
     headline,
     ledger_runs,
@@ -29,8 +30,8 @@ from cheaptrain.aggregate import (
     summary_csv,
     with_ledger,
 )
-from cheaptrain.papers import PAPERS
-from cheaptrain.report.claims import paper_scale
+from cheaptrain.papers import PAPERS, paper_setting
+from cheaptrain.report.claims import Claim, claim_verdict, paper_scale
 from cheaptrain.report.figures import LEDGER_FIGURES
 from cheaptrain.report.stage import agreement, grid_part, log_to_mlflow, run_devices
 from cheaptrain.report.tables import findings, paper_tables
@@ -473,8 +474,6 @@ def test_every_claim_gets_a_verdict_and_a_time_saving_within_noise_is_never_outs
 def test_a_per_model_setting_is_a_deviation_for_its_own_network_and_never_for_the_epochs():
     """`recipes.<study>.per_model` documents a network's own setting: the run still counts at the paper's setting,
     the deviation named. It does not cover another network, nor the 200 epochs every claim is about."""
-    from cheaptrain.papers import paper_setting
-
     wrn10_lr = paper_recipe("dfp", lr=0.05, per_model={"wrn10": {"lr": 0.05}})
     assert paper_setting("dfp", wrn10_lr, "wrn10") == (True, ["lr 0.05 for wrn10 (recipes.dfp.per_model; paper: 0.1)"])
     assert paper_setting("dfp", wrn10_lr, "vgg16") == (False, ["lr 0.05 (paper: 0.1)"])
@@ -486,8 +485,6 @@ def test_a_per_model_setting_is_a_deviation_for_its_own_network_and_never_for_th
 def test_an_accuracy_claim_further_than_the_tolerance_agrees_where_the_papers_figure_lies_in_our_interval():
     """Beyond `agree_within`'s 0.5 points, the paper's Δ inside our 95% t-interval still agrees: our seeds cannot tell
     the two apart. The interval widens the tolerance, never narrows it."""
-    from cheaptrain.report.claims import Claim, claim_verdict
-
     claim = Claim("dfp", "cifar10", "lenet", "dfp", "acc_delta", "accuracy Δ (points)", 2, -0.43)
 
     def verdict(mean: float, ci95: float) -> str:
@@ -501,8 +498,6 @@ def test_an_accuracy_claim_further_than_the_tolerance_agrees_where_the_papers_fi
 def test_a_run_ends_at_chance_within_one_point_of_it():
     """CIFAR-10's chance is 10%: a final accuracy up to 11.0 counts as collapsed, one above it as trained; CIFAR-100's
     is 1%."""
-    from cheaptrain.aggregate import collapsed
-
     run = run_of(claim_row("alexnet", "baseline", study="wus"))
     assert not collapsed(run)
     assert collapsed(replace(run, metrics={**run.metrics, "final_acc": 11.0}))
