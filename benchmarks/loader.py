@@ -166,10 +166,10 @@ def main() -> None:
 
     median = {k: statistics.median(v) for k, v in times.items()}
     malloc = "default malloc" if args.default_malloc else "freed memory kept"
+    threads = f"{torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}"
     print(
         f"\n{args.model}, one training epoch over {len(train_split.labels)} images, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {malloc}, median of {args.repeats}: "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+        f"{threads}, {malloc}, median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
     )
     print("page faults of this process in an epoch, median: " + ", ".join(
         f"{k} {statistics.median(v):,.0f}" for k, v in faults.items()

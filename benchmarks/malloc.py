@@ -72,8 +72,9 @@ def main() -> None:
             print(f"round {round_ + 1}, {mode:7s}: " + ", ".join(f"{s:.2f} s ({f:,} faults)" for s, f in rows))
     median = {m: statistics.median(s for s, _ in rows) for m, rows in epochs.items()}
     faults = {m: statistics.median(f for _, f in rows) for m, rows in epochs.items()}
+    threads = f"{done['threads']} thread{'s' * (done['threads'] != 1)}"
     print(
-        f"\nLeNet epoch, torch {done['torch']}, {done['threads']} threads, median over {len(epochs['keep'])} epochs "
+        f"\nLeNet epoch, torch {done['torch']}, {threads}, median over {len(epochs['keep'])} epochs "
         f"each: default malloc {median['default']:.2f} s ({faults['default']:,.0f} page faults), freed memory kept "
         f"{median['keep']:.2f} s ({faults['keep']:,.0f}); kept / default: {median['keep'] / median['default']:.2f}"
     )

@@ -131,7 +131,9 @@ def test_the_guards_benchmark_names_the_exit_status_of_a_process_that_died_witho
 def test_malloc_and_loader_benchmarks_state_the_torch_version_and_thread_count(tiny_data, script, args):
     result = benchmark(script, "--data", tiny_data, *args)
     assert result.returncode == 0, result.stderr
-    assert re.search(rf"torch {re.escape(torch.__version__)}, \d+ threads, ", result.stdout), result.stdout
+    stated = re.search(rf"torch {re.escape(torch.__version__)}, (\d+) (threads?), ", result.stdout)
+    assert stated, result.stdout
+    assert stated[2] == ("thread" if stated[1] == "1" else "threads"), stated[0]
 
 
 def test_the_loader_benchmarks_bare_model_trains_on_the_batches_of_the_training_loop(tiny_data):
