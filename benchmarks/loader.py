@@ -166,7 +166,7 @@ def main() -> None:
 
     median = {k: statistics.median(v) for k, v in times.items()}
     malloc = "default malloc" if args.default_malloc else "freed memory kept"
-    threads = f"{torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}"
+    threads = f"{(n := torch.get_num_threads())} thread{'s' * (n != 1)}"
     print(
         f"\n{args.model}, one training epoch over {len(train_split.labels)} images, torch {torch.__version__}, "
         f"{threads}, {malloc}, median of {args.repeats}: " + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())

@@ -165,15 +165,16 @@ class Everything(Recorder):
     """Records what Recorder records, training every sample."""
 
     def on_epoch_start(self, epoch, lr):
-        super().on_epoch_start(epoch, lr)
+        super().on_epoch_start(epoch, lr)  # records; its even samples are not passed on
+        return None  # every sample
 
 
 class Drawing(Everything):
     """Also draws from torch's global generator, as a method with randomness of its own might."""
 
     def on_epoch_start(self, epoch, lr):
-        super().on_epoch_start(epoch, lr)
         torch.rand(1000)
+        return super().on_epoch_start(epoch, lr)
 
 
 def test_a_methods_draws_from_the_global_generator_leave_the_data_order_alone():
