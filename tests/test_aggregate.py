@@ -574,7 +574,8 @@ def test_the_cost_table_compares_the_methods_at_equal_cost_and_says_whether_the_
         "points at 14.0% compute saved; 0.10 points ahead of dfp: Δ -0.40 [-0.60, -0.20] points at 12.8% compute "
         "saved; the lead is within the 95% intervals (they overlap): not a finding. It is also 0.70 points ahead of "
         "random_prune: Δ -1.00 [-1.30, -0.70] points at 12.8% compute saved; the lead is within the 95% intervals "
-        "(they overlap): not a finding.",
+        "(they overlap): not a finding. Of the others, dfp is 0.60 points ahead of random_prune; the lead is larger "
+        "than the 95% intervals (they do not overlap).",
         "- DFP cifar10/resnet18, compute saved 21.3%: best dfp_p50 (dfp): Δ -1.20 [-1.40, -1.00] points at 21.3% "
         "compute saved; 0.80 points ahead of random_prune_p50 (random_prune): Δ -2.00 [-2.20, -1.80] points at "
         "21.3% compute saved; the lead is larger than the 95% intervals (they do not overlap).",
@@ -609,8 +610,9 @@ def test_a_lead_is_weighed_seed_by_seed_where_the_two_configurations_share_three
 
 
 def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there():
-    """Three configurations at one cost: the best's lead over the runner-up, then over the third, each seed by seed;
-    a configuration that wins on the seeds it shares with the best is named as leading there."""
+    """Three configurations at one cost: the best's lead over the runner-up, then over the third, then the
+    runner-up's over the third, each seed by seed; a configuration that wins on the seeds it shares with another is
+    named as leading there."""
     rows = [cost_row("random_prune_p70", 29.8, -0.3, 0.6), cost_row("dfp_p70", 29.8, -1.4, 0.6),
             cost_row("infobatch", 27.6, -3.8, 1.2)]  # fmt: skip
     key = {m: ("dfp", "cifar10", "resnet18", m, "") for m in ("random_prune_p70", "dfp_p70", "infobatch")}
@@ -623,14 +625,17 @@ def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there(
         "29.8% compute saved; 1.10 points ahead of dfp_p70: Δ -1.40 [-2.00, -0.80] points at 29.8% compute saved; "
         "seed by seed (3 seeds) the lead is +1.00 [+0.75, +1.25] points; it excludes 0: a finding. It is also 3.50 "
         "points ahead of infobatch: Δ -3.80 [-5.00, -2.60] points at 27.6% compute saved; seed by seed (3 seeds) the "
-        "lead is +4.00 [+4.00, +4.00] points; it excludes 0: a finding."
+        "lead is +4.00 [+4.00, +4.00] points; it excludes 0: a finding. Of the others, dfp_p70 is 2.40 points ahead "
+        "of infobatch; seed by seed (3 seeds) the lead is +3.00 [+2.75, +3.25] points; it excludes 0: a finding."
     )
-    accuracies[key["infobatch"]] = {0: 95.0, 1: 95.6, 2: 94.4}  # better than the best on the seeds they share
+    accuracies[key["infobatch"]] = {0: 95.0, 1: 95.6, 2: 94.4}  # better than the two others on the seeds they share
     (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
-    assert line.endswith("the lead is -1.00 [-1.25, -0.75] points; infobatch leads on the seeds they share.")
+    assert "the lead is -1.00 [-1.25, -0.75] points; infobatch leads on the seeds they share. Of the others" in line
+    assert line.endswith("the lead is -2.00 [-2.00, -2.00] points; infobatch leads on the seeds they share.")
     accuracies[key["infobatch"]] = {0: 94.5, 1: 94.0, 2: 94.5}  # ahead on two seeds of three, behind on one
     (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
-    assert line.endswith("the lead is -0.33 [-2.23, +1.56] points; it includes 0: not a finding.")
+    assert "the lead is -0.33 [-2.23, +1.56] points; it includes 0: not a finding. Of the others" in line
+    assert line.endswith("the lead is -1.33 [-3.48, +0.81] points; it includes 0: not a finding.")
 
 
 def test_dfps_selection_is_weighed_against_its_random_control_seed_by_seed():

@@ -1,5 +1,6 @@
 """The methods at equal cost: each configuration by its compute saved, grouped into budgets, the best at each budget
-named and its lead over each of the others weighed seed by seed (or by their 95% intervals)."""
+named and its lead over each of the others weighed seed by seed (or by their 95% intervals), then the others' leads
+over one another."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ COST_NOTE = (
     "baseline's), exact; time saved: {time}, the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). "
     "The best at a budget has the highest Δ. Its lead over each other configuration there, the runner-up first, is "
     "weighed seed by seed where the two share 3 or more seeds (the 95% t-interval of their accuracy differences: a "
-    "finding when it excludes 0), else by whether their 95% intervals overlap. The paper's figures stand beside the "
+    "finding when it excludes 0), else by whether their 95% intervals overlap; so is each other configuration's lead "
+    "over those below it. The paper's figures stand beside the "
     "configuration of the paper's own method and setting (its name, e.g. `dfp`); the papers publish time saved, not "
     "compute."
 )
@@ -121,33 +123,49 @@ def paired_lead(
     return f"seed by seed ({seeds} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
 
 
-def lead_over(first: dict[str, Any], other: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]) -> str:
-    """How far the best of a budget leads `other` there, `other`'s point, and whether the lead is larger than its 95%
-    interval: seed by seed where `accuracies` (seed_accuracies) pairs them, else whether their intervals overlap."""
-    lead = f"{first['acc_delta_mean'] - other['acc_delta_mean']:.2f} points ahead of {point_text(other)}"
+def weigh_lead(
+    first: dict[str, Any], other: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]
+) -> str:
+    """Whether `first`'s lead over `other` is larger than its 95% interval: seed by seed where `accuracies`
+    (seed_accuracies) pairs them, else whether their intervals overlap."""
     ours, theirs = acc_interval(first), acc_interval(other)
     if paired := paired_lead(first, other, accuracies):
-        verdict = paired
-    elif ours is None or theirs is None:
-        verdict = "under 3 seeds: no 95% interval to weigh the lead against"
-    elif ours[0] > theirs[1]:
-        verdict = "the lead is larger than the 95% intervals (they do not overlap)"
-    else:
-        verdict = "the lead is within the 95% intervals (they overlap): not a finding"
-    return f"{lead}; {verdict}"
+        return paired
+    if ours is None or theirs is None:
+        return "under 3 seeds: no 95% interval to weigh the lead against"
+    if ours[0] > theirs[1]:
+        return "the lead is larger than the 95% intervals (they do not overlap)"
+    return "the lead is within the 95% intervals (they overlap): not a finding"
+
+
+def lead_over(first: dict[str, Any], other: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]) -> str:
+    """How far the best of a budget leads `other` there, `other`'s point, and whether the lead is larger than its 95%
+    interval (weigh_lead)."""
+    lead = f"{first['acc_delta_mean'] - other['acc_delta_mean']:.2f} points ahead of {point_text(other)}"
+    return f"{lead}; {weigh_lead(first, other, accuracies)}"
 
 
 def budget_verdict(
     group: list[dict[str, Any]], accuracies: dict[tuple[str, ...], dict[int, float]] | None = None
 ) -> str:
     """Which configuration of a budget (best first) keeps the most accuracy, and its lead over the runner-up, then
-    over each further configuration there, a sentence each (lead_over)."""
-    first = group[0]
+    over each further configuration there, a sentence each (lead_over); then each other configuration's lead over
+    those below it (weigh_lead), as a researcher comparing two of them asks."""
+    first, accuracies = group[0], accuracies or {}
     where = f"{first['study'].upper()} {first['dataset']}/{first['model']}, compute saved {budget_label(group)}"
     if len(group) == 1:
         return f"{where}: {point_text(first)}, alone at this cost: nothing to compare with."
-    runner_up, *others = (lead_over(first, other, accuracies or {}) for other in group[1:])
-    return f"{where}: best {point_text(first)}; {runner_up}." + "".join(f" It is also {lead}." for lead in others)
+    runner_up, *others = (lead_over(first, other, accuracies) for other in group[1:])
+    below = [(upper, lower) for i, upper in enumerate(group[1:], 2) for lower in group[i:]]
+    return (
+        f"{where}: best {point_text(first)}; {runner_up}."
+        + "".join(f" It is also {lead}." for lead in others)
+        + "".join(
+            f" Of the others, {upper['method']} is {upper['acc_delta_mean'] - lower['acc_delta_mean']:.2f} points "
+            f"ahead of {lower['method']}; {weigh_lead(upper, lower, accuracies)}."
+            for upper, lower in below
+        )
+    )
 
 
 class TimeSaved(NamedTuple):
