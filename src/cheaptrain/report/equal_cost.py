@@ -4,6 +4,7 @@ over one another."""
 
 from __future__ import annotations
 
+from itertools import combinations
 from typing import Any, NamedTuple
 
 from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, row_key
@@ -123,26 +124,27 @@ def paired_lead(
     return f"seed by seed ({seeds} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
 
 
-def weigh_lead(
-    first: dict[str, Any], other: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]
+def lead_over(
+    first: dict[str, Any],
+    other: dict[str, Any],
+    accuracies: dict[tuple[str, ...], dict[int, float]],
+    described: bool = True,
 ) -> str:
-    """Whether `first`'s lead over `other` is larger than its 95% interval: seed by seed where `accuracies`
-    (seed_accuracies) pairs them, else whether their intervals overlap."""
+    """How far `first` leads `other`, `other`'s point where `described` (else its name), and whether the lead is
+    larger than its 95% interval: seed by seed where `accuracies` (seed_accuracies) pairs them, else whether their
+    intervals overlap."""
+    shown = point_text(other) if described else other["method"]
+    lead = f"{first['acc_delta_mean'] - other['acc_delta_mean']:.2f} points ahead of {shown}"
     ours, theirs = acc_interval(first), acc_interval(other)
     if paired := paired_lead(first, other, accuracies):
-        return paired
-    if ours is None or theirs is None:
-        return "under 3 seeds: no 95% interval to weigh the lead against"
-    if ours[0] > theirs[1]:
-        return "the lead is larger than the 95% intervals (they do not overlap)"
-    return "the lead is within the 95% intervals (they overlap): not a finding"
-
-
-def lead_over(first: dict[str, Any], other: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]) -> str:
-    """How far the best of a budget leads `other` there, `other`'s point, and whether the lead is larger than its 95%
-    interval (weigh_lead)."""
-    lead = f"{first['acc_delta_mean'] - other['acc_delta_mean']:.2f} points ahead of {point_text(other)}"
-    return f"{lead}; {weigh_lead(first, other, accuracies)}"
+        verdict = paired
+    elif ours is None or theirs is None:
+        verdict = "under 3 seeds: no 95% interval to weigh the lead against"
+    elif ours[0] > theirs[1]:
+        verdict = "the lead is larger than the 95% intervals (they do not overlap)"
+    else:
+        verdict = "the lead is within the 95% intervals (they overlap): not a finding"
+    return f"{lead}; {verdict}"
 
 
 def budget_verdict(
@@ -150,20 +152,18 @@ def budget_verdict(
 ) -> str:
     """Which configuration of a budget (best first) keeps the most accuracy, and its lead over the runner-up, then
     over each further configuration there, a sentence each (lead_over); then each other configuration's lead over
-    those below it (weigh_lead), as a researcher comparing two of them asks."""
+    those below it, as a researcher comparing two of them asks."""
     first, accuracies = group[0], accuracies or {}
     where = f"{first['study'].upper()} {first['dataset']}/{first['model']}, compute saved {budget_label(group)}"
     if len(group) == 1:
         return f"{where}: {point_text(first)}, alone at this cost: nothing to compare with."
     runner_up, *others = (lead_over(first, other, accuracies) for other in group[1:])
-    below = [(upper, lower) for i, upper in enumerate(group[1:], 2) for lower in group[i:]]
     return (
         f"{where}: best {point_text(first)}; {runner_up}."
         + "".join(f" It is also {lead}." for lead in others)
         + "".join(
-            f" Of the others, {upper['method']} is {upper['acc_delta_mean'] - lower['acc_delta_mean']:.2f} points "
-            f"ahead of {lower['method']}; {weigh_lead(upper, lower, accuracies)}."
-            for upper, lower in below
+            f" Of the others, {upper['method']} is {lead_over(upper, lower, accuracies, described=False)}."
+            for upper, lower in combinations(group[1:], 2)
         )
     )
 
