@@ -603,9 +603,14 @@ def test_a_lead_is_weighed_seed_by_seed_where_the_two_configurations_share_three
         return line.split("compute saved; ")[-1]
 
     assert verdict([94.6, 94.0, 95.2], [94.0, 93.4, 94.6]) == (
-        "seed by seed (3 seeds) the lead is +0.60 [+0.60, +0.60] points; it excludes 0: a finding."
+        "seed by seed (ahead on 3 of 3 seeds) the lead is +0.60 [+0.60, +0.60] points; it excludes 0: a finding."
     )
-    assert verdict([95.6, 94.0, 94.0], [94.0, 94.6, 93.2]).endswith("; it includes 0: not a finding.")
+    assert verdict([95.6, 94.0, 94.0], [94.0, 94.6, 93.2]) == (
+        "seed by seed (ahead on 2 of 3 seeds) the lead is +0.60 [-2.17, +3.37] points; it includes 0: not a finding."
+    )
+    assert verdict([95.6, 94.0, 94.0, 94.5], [94.0, 94.6, 93.2, 94.5]).startswith(
+        "seed by seed (ahead on 2 of 4 seeds, level on 1) the lead is +0.45"
+    )
     assert verdict([94.0, 94.0], [93.0, 93.0]) == "the lead is within the 95% intervals (they overlap): not a finding."
 
 
@@ -623,18 +628,25 @@ def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there(
     assert line == (
         "- DFP cifar10/resnet18, compute saved 27.6–29.8%: best random_prune_p70: Δ -0.30 [-0.90, +0.30] points at "
         "29.8% compute saved; 1.10 points ahead of dfp_p70: Δ -1.40 [-2.00, -0.80] points at 29.8% compute saved; "
-        "seed by seed (3 seeds) the lead is +1.00 [+0.75, +1.25] points; it excludes 0: a finding. It is also 3.50 "
-        "points ahead of infobatch: Δ -3.80 [-5.00, -2.60] points at 27.6% compute saved; seed by seed (3 seeds) the "
-        "lead is +4.00 [+4.00, +4.00] points; it excludes 0: a finding. Of the others, dfp_p70 is 2.40 points ahead "
-        "of infobatch; seed by seed (3 seeds) the lead is +3.00 [+2.75, +3.25] points; it excludes 0: a finding."
+        "seed by seed (ahead on 3 of 3 seeds) the lead is +1.00 [+0.75, +1.25] points; it excludes 0: a finding. It "
+        "is also 3.50 points ahead of infobatch: Δ -3.80 [-5.00, -2.60] points at 27.6% compute saved; seed by seed "
+        "(ahead on 3 of 3 seeds) the lead is +4.00 [+4.00, +4.00] points; it excludes 0: a finding. Of the others, "
+        "dfp_p70 is 2.40 points ahead of infobatch; seed by seed (ahead on 3 of 3 seeds) the lead is +3.00 [+2.75, "
+        "+3.25] points; it excludes 0: a finding."
     )
     accuracies[key["infobatch"]] = {0: 95.0, 1: 95.6, 2: 94.4}  # better than the two others on the seeds they share
     (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
-    assert "the lead is -1.00 [-1.25, -0.75] points; infobatch leads on the seeds they share. Of the others" in line
+    assert (
+        "(ahead on 0 of 3 seeds) the lead is -1.00 [-1.25, -0.75] points; infobatch leads on the seeds they "
+        "share. Of the others" in line
+    )
     assert line.endswith("the lead is -2.00 [-2.00, -2.00] points; infobatch leads on the seeds they share.")
     accuracies[key["infobatch"]] = {0: 94.5, 1: 94.0, 2: 94.5}  # ahead on two seeds of three, behind on one
     (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
-    assert "the lead is -0.33 [-2.23, +1.56] points; it includes 0: not a finding. Of the others" in line
+    assert (
+        "(ahead on 1 of 3 seeds) the lead is -0.33 [-2.23, +1.56] points; it includes 0: not a finding. Of the "
+        "others" in line
+    )
     assert line.endswith("the lead is -1.33 [-3.48, +0.81] points; it includes 0: not a finding.")
 
 
@@ -651,10 +663,11 @@ def test_dfps_selection_is_weighed_against_its_random_control_seed_by_seed():
         return line.split("DFP's selection against this random control: ")[1]
 
     assert said([94.6, 94.0, 95.2], [93.5, 94.2, 94.3]) == (
-        "+0.60 [-1.14, +2.34] points of accuracy seed by seed (3 seeds: within noise) at 12.8% vs 12.8% compute saved."
+        "+0.60 [-1.14, +2.34] points of accuracy seed by seed (DFP ahead on 2 of 3 seeds: within noise) at 12.8% vs "
+        "12.8% compute saved."
     )
     assert said([94.6, 94.0, 95.2, 94.4], [94.0, 93.5, 94.5, 93.8]).startswith(
-        "+0.60 [+0.47, +0.73] points of accuracy seed by seed (4 seeds: a finding)"
+        "+0.60 [+0.47, +0.73] points of accuracy seed by seed (DFP ahead on 4 of 4 seeds: a finding)"
     )
     assert said([94.6, 94.0], [94.0, 93.4]) == "+0.60 points of accuracy at 12.8% vs 12.8% compute saved."
     assert findings(rows, agree)[1].endswith(": +0.60 points of accuracy at 12.8% vs 12.8% compute saved.")
@@ -765,7 +778,7 @@ def test_the_stage_writes_every_output_and_an_mlflow_run(tmp_path):
     report = (out / "report.md").read_text()
     assert "### DFP Table 1: training time" in report and "### WUS Table 3" in report
     assert "This is not the papers' setting" in report
-    random_control = "+0.50 [+0.50, +0.50] points of accuracy seed by seed (3 seeds: a finding)"  # 0.5 a seed
+    random_control = "+0.50 [+0.50, +0.50] points of accuracy seed by seed (DFP ahead on 3 of 3 seeds: a finding)"
     assert f"DFP's selection against this random control: {random_control}" in report
     assert "## Accuracy against cost" in report and "![Accuracy Δ against compute and time saved" in report
     metrics = json.loads((out / "metrics.json").read_text())

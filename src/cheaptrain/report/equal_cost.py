@@ -18,7 +18,8 @@ COST_NOTE = (
     "baseline's), exact; time saved: {time}, the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). "
     "The best at a budget has the highest Δ. Its lead over each other configuration there, the runner-up first, is "
     "weighed seed by seed where the two share 3 or more seeds (the 95% t-interval of their accuracy differences: a "
-    "finding when it excludes 0), else by whether their 95% intervals overlap; so is each other configuration's lead "
+    "finding when it excludes 0; and the seeds it is ahead on, which show whether a seed or two carry the mean), else "
+    "by whether their 95% intervals overlap; so is each other configuration's lead "
     "over those below it. The paper's figures stand beside the "
     "configuration of the paper's own method and setting (its name, e.g. `dfp`); the papers publish time saved, not "
     "compute."
@@ -93,19 +94,34 @@ def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tupl
     return accuracies
 
 
+class Paired(NamedTuple):
+    """Two configurations' accuracies compared seed by seed (paired_difference)."""
+
+    seeds: int  # seeds in common
+    mean: float  # the first's accuracy minus the second's, averaged over them
+    ci: float  # the 95% t-interval's half-width
+    ahead: int  # seeds on which the first is ahead
+    level: int  # seeds on which the two are equal
+
+    def seeds_text(self) -> str:
+        """'ahead on 18 of 20 seeds', and ', level on 1' where some are equal: how the mean came about, which an
+        outlying seed can move."""
+        return f"ahead on {self.ahead} of {self.seeds} seeds" + (f", level on {self.level}" if self.level else "")
+
+
 def paired_difference(
     first: dict[str, Any], second: dict[str, Any], accuracies: dict[tuple[str, ...], dict[int, float]]
-) -> tuple[int, float, float] | None:
-    """`first`'s accuracy minus `second`'s seed by seed (seed_accuracies), on their seeds in common: (seeds, mean, the
-    95% t-interval's half-width); None under 3 seeds in common. Both are paired with the baseline of the same seed,
-    so its noise cancels."""
+) -> Paired | None:
+    """`first`'s accuracy minus `second`'s seed by seed (seed_accuracies), on their seeds in common; None under 3
+    seeds in common. Both are paired with the baseline of the same seed, so its noise cancels."""
     ours, theirs = accuracies.get(row_key(first), {}), accuracies.get(row_key(second), {})
-    seeds = sorted(ours.keys() & theirs.keys())
-    if len(seeds) < 3:
+    differences = [ours[s] - theirs[s] for s in sorted(ours.keys() & theirs.keys())]
+    if len(differences) < 3:
         return None
-    mean, _, ci = describe([ours[s] - theirs[s] for s in seeds])
+    mean, _, ci = describe(differences)
     assert ci is not None  # 3 or more values
-    return len(seeds), mean, ci
+    ahead, level = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
+    return Paired(len(differences), mean, ci, ahead, level)
 
 
 def paired_lead(
@@ -115,13 +131,14 @@ def paired_lead(
     None under 3 seeds in common."""
     if (paired := paired_difference(first, second, accuracies)) is None:
         return None
-    seeds, mean, ci = paired
+    mean, ci = paired.mean, paired.ci
     said = "it excludes 0: a finding"
     if mean + ci < 0:
         said = f"{second['method']} leads on the seeds they share"
     elif mean - ci <= 0:
         said = "it includes 0: not a finding"
-    return f"seed by seed ({seeds} seeds) the lead is {mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points; {said}"
+    shown = f"{mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}]"
+    return f"seed by seed ({paired.seeds_text()}) the lead is {shown} points; {said}"
 
 
 def lead_over(
