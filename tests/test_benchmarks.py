@@ -47,7 +47,7 @@ def tiny_data(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(
-    "script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes", "clock"]
+    "script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes", "clock", "wus_gain"]
 )
 def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch, script):
     options = {
@@ -56,6 +56,7 @@ def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch
         "noise": "--threads",
         "shapes": "--epochs",
         "clock": "--min-seeds",
+        "wus_gain": "--min-seeds",
     }
     option = options.get(script, "--repeats")
     # malloc's in a process of its own, as a user runs it (it imports no torch: a fraction of a second); the others
@@ -227,4 +228,41 @@ def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds
     short = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--min-seeds", "4")
     assert short.returncode == 2 and "no method configuration has 4 entries or more" in short.stderr
     missing = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "no results ledger there" in missing.stderr
+
+
+def test_the_wus_gain_analysis_relates_each_seeds_gain_to_the_climb_its_skip_epochs_sat_out(monkeypatch, tmp_path):
+    """Baselines whose training loss climbs at the end of the first lr phase (epochs 1-3 at 0.1): runs whose skip
+    epochs start inside it keep their loss from before the climb and gain, those that start after gain nothing; a
+    seed whose baseline ended at chance is left out, as the report leaves it out."""
+    baseline_loss = [1.0, 0.8, 1.2, 0.5, 0.4, 0.3]
+    seeds = {0: (2, 0.8, 62.0), 1: (2, 1.0, 61.0), 2: (5, 1.2, 60.0), 3: (5, 1.2, 59.5), 4: (2, 0.8, 62.0)}
+    for seed, (first_skip, loss_at_3, final) in seeds.items():
+        for method, losses, acc, skips_from in (
+            ("baseline", baseline_loss, 10.0 if seed == 4 else 60.0, 7),
+            ("wus", [*baseline_loss[:2], loss_at_3, *baseline_loss[3:]], final, first_skip),
+        ):
+            history = [{"epoch": e, "lr": 0.1 if e <= 3 else 0.01, "train_loss": loss, "test_acc": acc,
+                        "phase": int(e >= skips_from)} for e, loss in enumerate(losses, 1)]  # fmt: skip
+            metrics = {"final_acc": acc, "best_acc": acc, "best3_acc": acc, "train_time_s": 6.0,
+                       "total_trained_samples": 6.0, "epochs": 6}  # fmt: skip
+            config = {"study": "wus", "dataset": "cifar10", "model": "alexnet", "method": method, "seed": seed}
+            write_run(tmp_path, "wus", f"cifar10-alexnet-{method}-s{seed}", history, metrics, config)
+    result = benchmark_here(monkeypatch, "wus_gain", "--ledger", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[2].split() == ["s0", "3", "2", "0.800", "1.200"]  # last epoch of the phase, lowest loss's, losses
+    assert len(lines[2 : lines.index("")]) == 4  # seed 4's baseline collapsed
+    rows = lines[lines.index("") + 2 :]
+    assert [r.split() for r in rows[:4]] == [  # seed, first skip, skips, loss gap, Δ
+        ["s0", "2", "5", "+0.400", "+2.00"],
+        ["s1", "2", "5", "+0.200", "+1.00"],
+        ["s2", "5", "2", "+0.000", "+0.00"],
+        ["s3", "5", "2", "+0.000", "-0.50"],
+    ]
+    assert rows[4].strip() == "Pearson r (loss gap, Δ): 0.98 over 4 seeds"
+    assert rows[5].strip() == "mean Δ, first skip inside the first lr phase: +1.50 (2 seeds); after it: -0.25 (2 seeds)"
+    short = benchmark_here(monkeypatch, "wus_gain", "--ledger", str(tmp_path), "--min-seeds", "5")
+    assert short.returncode == 2 and "no wus configuration of alexnet has 5 seeds paired" in short.stderr
+    missing = benchmark_here(monkeypatch, "wus_gain", "--ledger", str(tmp_path / "none"))
     assert missing.returncode == 2 and "no results ledger there" in missing.stderr
