@@ -687,6 +687,10 @@ def test_the_cost_figure_draws_one_line_per_method_through_its_budgets_and_the_p
              if line.get_label().startswith("paper")}  # fmt: skip
     assert stars == {"paper: dfp": [[12.76, -0.1]]}
     assert any(line.get_label() == "paper: dfp" for line in time_ax.lines)
+    far = [COST_ROWS[0], cost_row("dfp", 12.8, -0.4, 0.2, paper_time_saving_pct=12.76, paper_acc_delta=-4.0)]
+    compute_ax, time_ax = [a for a in cost_figure(far, {}).axes if a.get_visible()]
+    assert compute_ax.get_ylim() == time_ax.get_ylim()  # one accuracy scale, the paper's star's too
+    assert compute_ax.get_ylim()[0] < -4.0 < 0.0 < compute_ax.get_ylim()[1]
     (empty,) = [a for a in cost_figure(COST_ROWS[:1], {}).axes if a.get_visible() or a.texts]
     assert "No method with a compute saving" in empty.texts[0].get_text()
 

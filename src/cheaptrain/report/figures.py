@@ -297,8 +297,17 @@ def cost_figure(
             ax.set(title=f"{key[0]} study · {key[1]} · {key[2]}", xlabel=xlabel, ylabel="accuracy Δ (points)")
             ax.grid(alpha=0.3)
             _label_points(ax, labels)
+        _same_y(axes[2 * i : 2 * i + 2])
         _legend_beside(axes[2 * i : 2 * i + 2])
     return fig
+
+
+def _same_y(row: list) -> None:
+    """One accuracy scale for a row's panels, the paper's stars included: the same points against two costs read
+    alike, and a lone point is not blown up to fill a panel of its own."""
+    lows, highs = zip(*(ax.get_ylim() for ax in row), strict=True)
+    for ax in row:
+        ax.set_ylim(min(lows), max(highs))
 
 
 def budget_label(point: dict[str, Any]) -> str:
