@@ -32,7 +32,15 @@ from cheaptrain.aggregate import (
 )
 from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
 from cheaptrain.report.equal_cost import cost_table, implementation_of
-from cheaptrain.report.figures import FIGURES, LEDGER_FIGURES, cost_figure, phases_figure, saving_figure, spans
+from cheaptrain.report.figures import (
+    FIGURES,
+    LEDGER_FIGURES,
+    cost_figure,
+    curve_figure,
+    phases_figure,
+    saving_figure,
+    spans,
+)
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
 from cheaptrain.timing import REPLICATES, paired_saving, resampled_medians, run_time, slowdown
 
@@ -740,6 +748,24 @@ def test_the_phases_figure_shades_each_run_of_skip_epochs_once():
     assert shaded == [(2.5, 5.5), (6.5, 7.5), (8.5, 10.5)]
     assert [t.get_text() for t in ax.get_legend().get_texts()].count("skip epoch") == 1
     assert ax.get_title().endswith("6 skip epochs of 10")
+
+
+def test_a_panel_of_many_configurations_lays_its_legend_out_in_two_columns():
+    """Up to 5 curves: one column; more (the DFP study's LeNet has 10 configurations): two, smaller, so that the
+    legend does not cover the curves."""
+    history = [{"epoch": e, "test_acc": 50.0 + e, "epoch_train_s": 1.0} for e in range(1, 4)]
+
+    def legend_of(methods: list[str]):
+        runs = [Run("dfp", "cifar10", "lenet", m, 0, {}, history) for m in methods]
+        (ax,) = [a for a in curve_figure(runs, "epoch", "epoch", "t").axes if a.get_visible()]
+        return ax.get_legend()
+
+    few, many = legend_of(["baseline", "dfp"]), legend_of(["baseline", *(f"dfp_p{p}" for p in range(10, 70, 10))])
+    assert len(few.get_texts()) == 2 and {t.get_fontsize() for t in few.get_texts()} == {9}
+    assert len(many.get_texts()) == 7 and {t.get_fontsize() for t in many.get_texts()} == {7}
+    many.figure.draw_without_rendering()  # lays the legend out
+    positions = {round(t.get_window_extent().x0) for t in many.get_texts()}
+    assert len(positions) == 2  # two columns
 
 
 def test_a_named_configuration_is_drawn_as_the_method_it_implements(tmp_path):

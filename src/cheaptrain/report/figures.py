@@ -109,7 +109,8 @@ def curve_figure(runs: list[Run], x: str, xlabel: str, title: str) -> Figure:
                 )
         ax.set(title=f"{where[0]} study · {where[1]} · {where[2]}", xlabel=xlabel, ylabel="test accuracy (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=9, loc="lower right")
+        many = len(ax.get_lines()) > 5  # in one column, a panel's many configurations would hide its curves
+        ax.legend(fontsize=7 if many else 9, loc="lower right", ncols=2 if many else 1)
     return fig
 
 
