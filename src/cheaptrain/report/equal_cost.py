@@ -103,6 +103,10 @@ class Paired(NamedTuple):
     ahead: int  # seeds on which the first is ahead
     level: int  # seeds on which the two are equal
 
+    def interval_text(self) -> str:
+        """'+0.60 [+0.10, +1.09]': the mean difference and its 95% t-interval."""
+        return f"{self.mean:+.2f} [{self.mean - self.ci:+.2f}, {self.mean + self.ci:+.2f}]"
+
     def seeds_text(self) -> str:
         """'ahead on 18 of 20 seeds', and ', level on 1' where some are equal: how the mean came about, which an
         outlying seed can move."""
@@ -137,8 +141,7 @@ def paired_lead(
         said = f"{second['method']} leads on the seeds they share"
     elif mean - ci <= 0:
         said = "it includes 0: not a finding"
-    shown = f"{mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}]"
-    return f"seed by seed ({paired.seeds_text()}) the lead is {shown} points; {said}"
+    return f"seed by seed ({paired.seeds_text()}) the lead is {paired.interval_text()} points; {said}"
 
 
 def lead_over(

@@ -206,10 +206,8 @@ def findings(
         if row["method"] == "random_prune" and None not in (dfp.get("acc_delta_mean"), row.get("acc_delta_mean")):
             gain = f"{dfp['acc_delta_mean'] - row['acc_delta_mean']:+.2f} points of accuracy"
             if paired := paired_difference(dfp, row, accuracies or {}):
-                mean, ci = paired.mean, paired.ci
-                said = "within noise" if mean - ci <= 0 <= mean + ci else "a finding"
-                gain = f"{mean:+.2f} [{mean - ci:+.2f}, {mean + ci:+.2f}] points of accuracy seed by seed "
-                gain += f"(DFP {paired.seeds_text()}: {said})"
+                said = "within noise" if paired.mean - paired.ci <= 0 <= paired.mean + paired.ci else "a finding"
+                gain = f"{paired.interval_text()} points of accuracy seed by seed (DFP {paired.seeds_text()}: {said})"
             both = "compute_saving_pct_mean" in dfp and "compute_saving_pct_mean" in row  # else runs without FLOPs
             name, what = ("compute_saving_pct", "compute") if both else ("sample_saving_pct", "samples")
             parts.append(
