@@ -14,6 +14,12 @@ the phases and models take turns batch by batch (normal, skip, forward, then rot
 machine hits every phase alike. Prints, per model, the median time of a batch in each phase, skip/normal (target: at
 most 0.35; also from the fastest batch of each phase, the least disturbed), forward/normal and skip/forward (about 1:
 a skip epoch costs a forward pass).
+
+Then, for each WUS and WUS+LR configuration of those models in the results ledger (`--ledger`, default ledger/), what
+its schedule would save on this machine: the share of its epochs that skip (mean over its seeds, from history.csv's
+`phase`) times 1 - skip/normal here, against its own full epochs; beside it the time its runs saved against their own
+full epochs where they trained (`cheaptrain.timing`, on their device). A schedule trained on a GPU, where a skip step
+waits on the host, is so priced as on a CPU like the WUS paper's.
 """
 
 import argparse
@@ -30,10 +36,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import positive_int, run_main
+from cheaptrain.aggregate import BASELINE, collapsed, ledger_runs
 from cheaptrain.config import load_params, resolve_run
 from cheaptrain.data import Split
+from cheaptrain.ledger import ledger_root
 from cheaptrain.methods.wus import NORMAL, SKIP, WeightUpdateSkipping
 from cheaptrain.runner import keep_freed_memory
+from cheaptrain.timing import run_time
 from cheaptrain.trainer import prepare, train_epoch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,11 +99,33 @@ class Subject:
         return train_epoch(t, 1, self.cfg.recipe.lr)["epoch_train_s"]
 
 
+def projections(ratios: dict[str, float], root: Path) -> None:
+    """Print what each WUS configuration of the ledger on these models would save here (see the module's doc)."""
+    runs = [r for r in ledger_runs(root) if r.study == "wus" and r.model in ratios and r.method != BASELINE]
+    groups: dict[tuple[str, str], list] = {}
+    for run in sorted(runs, key=lambda r: (list(ratios).index(r.model), r.method, r.seed)):
+        if not collapsed(run):
+            groups.setdefault((run.model, run.method), []).append(run)
+    if not groups:
+        print(f"\nno WUS entries of {', '.join(ratios)} in {root}: nothing to project")
+        return
+    print(f"\nthe ledger's WUS schedules ({root}) at this machine's skip/normal: own time saved %")
+    print(f"{'model':<10}{'method':<8}{'seeds':>6}{'skip share':>12}{'here':>8}{'measured':>10}  measured on")
+    for (model, method), group in groups.items():
+        share = statistics.fmean(sum(row.get("phase") == SKIP for row in r.history) / len(r.history) for r in group)
+        times = [t.own_saving_pct for r in group if (t := run_time(r.history, f"wus/{r.name}"))]
+        measured = f"{statistics.fmean(times):.1f}" if times else "—"
+        devices = ", ".join(sorted({r.device for r in group if r.device}))
+        print(f"{model:<10}{method:<8}{len(group):>6}{100 * share:>12.1f}{100 * share * (1 - ratios[model]):>8.1f}"
+              f"{measured:>10}  {devices}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["lenet", "vgg11", "resnet18"], help="default: %(default)s")
     parser.add_argument("--batches", type=positive_int, help=f"timed batches per phase (default: {DEFAULT_BATCHES})")
     parser.add_argument("--bias-layers", type=int, default=1, help="methods.wus.bias_layers (default: %(default)s)")
+    parser.add_argument("--ledger", type=Path, default=None, help="the results ledger (default: ledger/)")
     args = parser.parse_args()
     keep_freed_memory()  # as the trainer runs
 
@@ -123,6 +154,10 @@ def main() -> None:
             verdict += f" (the forward pass alone costs {fwd / normal:.2f})"
         print(f"{s.name:<10}{s.batches:>8}{1e3 * normal:>9.1f}{1e3 * skip:>8.1f}{1e3 * fwd:>9.1f}{skip / normal:>13.2f}"
               f"{fastest:>10.2f}{fwd / normal:>12.2f}{skip / fwd:>10.2f}  {verdict}")  # fmt: skip
+    root = args.ledger or ledger_root()
+    if root.is_dir() and args.bias_layers == 1:  # the ledger's runs skip with the default
+        projections({s.name: statistics.median(s.times["skip"]) / statistics.median(s.times["normal"])
+                     for s in subjects}, root)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -68,13 +68,30 @@ def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch
     assert "Traceback" not in result.stderr
 
 
-def test_the_wus_benchmark_times_every_phase_through_the_training_loop():
-    result = benchmark("wus", "--models", "lenet", "--batches", "2")
+def test_the_wus_benchmark_times_every_phase_and_prices_the_ledgers_schedules_at_it(tmp_path):
+    """The phases through the training loop; then each WUS configuration of the ledger on the model, its skip share
+    (here 3 and 2 skip epochs of 4: 62.5% over two seeds) times 1 - skip/normal as just measured, beside the time
+    its runs saved where they trained."""
+    for seed, skips in ((0, 3), (1, 2)):
+        history = [{"epoch": e, "test_acc": 50.0, "epoch_train_s": 1.0 if e <= 4 - skips else 0.4,
+                    "trained_samples": 100, "phase": int(e > 4 - skips)} for e in range(1, 5)]  # fmt: skip
+        metrics = {"final_acc": 50.0, "best_acc": 50.0, "best3_acc": 50.0, "train_time_s": 3.0,
+                   "total_trained_samples": 400, "epochs": 4}  # fmt: skip
+        config = {"study": "wus", "dataset": "cifar10", "model": "lenet", "method": "wus", "seed": seed}
+        write_run(tmp_path, "wus", f"cifar10-lenet-wus-s{seed}", history, metrics, config)
+    result = benchmark("wus", "--models", "lenet", "--batches", "2", "--ledger", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    header, row = (line.split() for line in result.stdout.splitlines()[1:3])
+    lines = result.stdout.splitlines()
+    header, row = (line.split() for line in lines[1:3])
     assert header[:5] == ["model", "batches", "normal", "skip", "forward"]
     assert row[:2] == ["lenet", "2"]
     assert all(float(ms) > 0 for ms in row[2:5])
+    model, method, seeds, share, here, _ = lines[6].split()[:6]
+    assert (model, method, seeds, share) == ("lenet", "wus", "2", "62.5")
+    assert float(here) == pytest.approx(62.5 * (1 - float(row[5])), abs=0.6)  # skip/normal as printed, 2 decimals
+    (tmp_path / "empty").mkdir()
+    empty = benchmark("wus", "--models", "lenet", "--batches", "1", "--ledger", str(tmp_path / "empty"))
+    assert "no WUS entries of lenet in" in empty.stdout
 
 
 def test_the_checkpoint_benchmark_times_epochs_without_a_checkpoint_and_with_one_each_way():
