@@ -1,6 +1,6 @@
 """Benchmark: the ledger's time savings read with the wall clock and with the evaluation clock, over its seeds.
 
-    python benchmarks/clock.py [--ledger DIR] [--min-seeds 3]
+    python benchmarks/clock.py [--ledger DIR] [--min-seeds 3] [--seeds STUDY/DATASET/MODEL/METHOD]
 
 For every method configuration of the results ledger (study, dataset, model, method) with --min-seeds entries or more,
 two time savings (cheaptrain.timing), each read two ways from the same entries:
@@ -18,7 +18,9 @@ machines of one name whose training and evaluation differ in speed unequally, or
 other), and it lowers the paired saving below the own one by about (100 - own) x gap / 100. A clock that tracks the
 machine leaves the own saving's mean where full and cheaper epochs interleave (DFP's schedule), narrows its scatter
 where drift hit one kind of epoch alone, and brings the paired saving, hours apart on a shared machine, to the own one
-less that gap. No training: seconds.
+less that gap. --seeds names one configuration and prints its figures seed by seed instead: the four savings, a
+full epoch's training seconds per evaluation second of the run and of its baseline, and the gap between the two, or
+why a seed does not pair (another machine, no baseline). No training: seconds.
 """
 
 import argparse
@@ -58,10 +60,36 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.fmean(values):6.1f} {sd:5.1f}"
 
 
+def per_seed(group: list[Run], baselines: dict[tuple, Run], times: dict[tuple[int, str], RunTime | None]) -> None:
+    """Print one configuration's figures seed by seed (the module's doc, --seeds)."""
+    print(f"{'seed':>4}{'own wall':>10}{'own eval':>10}{'paired wall':>13}{'paired eval':>13}{'train/eval':>12}"
+          f"{'baseline':>10}{'gap':>8}")  # fmt: skip
+    for run in sorted(group, key=lambda r: r.seed):
+        own = [f"{t.own_saving_pct:.1f}" if (t := times[id(run), c]) else "—" for c in CLOCKS]
+        ratio = train_per_eval(times[id(run), "evaluation"])
+        row = [*own, "—", "—", f"{ratio:.2f}" if ratio else "—", "—", "—"]
+        baseline = baselines.get(pair_key(run))
+        why = "no baseline" if baseline is None else machine_difference(run, baseline)
+        if baseline is not None and not why:
+            pairs = [(times[id(run), c], times[id(baseline), c]) for c in CLOCKS]
+            row[2:4] = [f"{paired_saving(t, bt)[0]:.1f}" if t and bt else "—" for t, bt in pairs]
+            theirs = train_per_eval(times[id(baseline), "evaluation"])
+            row[5] = f"{theirs:.2f}" if theirs else "—"
+            row[6] = f"{100 * (ratio / theirs - 1):+.1f}" if ratio and theirs else "—"
+        widths = (10, 10, 13, 13, 12, 10, 8)
+        print(
+            f"{run.seed:>4}"
+            + "".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
+            + (f"  {why}" if why else "")
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ledger", type=Path, default=None, help="the results ledger (default: ledger/)")
     parser.add_argument("--min-seeds", type=positive_int, default=3, help="configurations with fewer are left out")
+    parser.add_argument("--seeds", metavar="CONFIGURATION", help="one configuration seed by seed, e.g. "
+                        "dfp/cifar10/lenet/infobatch_r24")  # fmt: skip
     args = parser.parse_args()
     root = args.ledger or ledger_root()
     if not root.is_dir():
@@ -72,6 +100,16 @@ def main() -> None:
     for r in runs:
         if r.method != BASELINE:
             groups[config_key(r)].append(r)
+    if args.seeds:
+        named = [group for key, group in groups.items() if "/".join(key[:4]) == args.seeds]
+        if not named:
+            known = ", ".join(sorted({"/".join(key[:4]) for key in groups}))
+            raise UserError(f"--seeds {args.seeds}: no such method configuration in {root}; there: {known}")
+        times = {(id(r), c): timed(r, c) for r in runs for c in CLOCKS}
+        print(f"{args.seeds} in {root}, seed by seed: time saved % (own and paired, wall and evaluation clock), a full "
+              "epoch's training seconds per evaluation second (the run's, its baseline's) and their gap %")  # fmt: skip
+        per_seed([r for group in named for r in group], baselines, times)
+        return
     shown = {key: group for key, group in sorted(groups.items()) if len(group) >= args.min_seeds}
     if not shown:
         raise UserError(f"{root}: no method configuration has {args.min_seeds} entries or more")

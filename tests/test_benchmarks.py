@@ -246,6 +246,17 @@ def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds
     assert short.returncode == 2 and "no method configuration has 4 entries or more" in short.stderr
     missing = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path / "none"))
     assert missing.returncode == 2 and "no results ledger there" in missing.stderr
+    by_seed = benchmark_here(
+        monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/random_prune"
+    )
+    assert by_seed.returncode == 0, by_seed.stderr
+    seeds = [line.split() for line in by_seed.stdout.splitlines()[2:]]
+    assert [row[0] for row in seeds] == ["0", "1", "2"]
+    _, _, own_clock, _, paired_clock, ours, theirs, gap = seeds[0]
+    assert (own_clock, paired_clock, gap) == ("17.0", "8.7", "+10.0")  # the table's figures, for one seed
+    assert float(ours) == pytest.approx(1.1 * float(theirs), abs=0.01)  # trains 1.1x longer per evaluation second
+    unknown = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/nope")
+    assert unknown.returncode == 2 and "--seeds dfp/cifar10/lenet/nope: no such method configuration" in unknown.stderr
 
 
 def test_the_wus_gain_analysis_relates_each_seeds_gain_to_the_climb_its_skip_epochs_sat_out(monkeypatch, tmp_path):
