@@ -53,6 +53,13 @@ def train_per_eval(t: RunTime | None) -> float | None:
     return t.full_epoch_s / t.eval_s if t and t.eval_s else None
 
 
+def ratio_gap(run: RunTime | None, baseline: RunTime | None) -> float | None:
+    """How much longer (%) the run's full epoch trains per second of its evaluation than its baseline's does; None
+    without the figures."""
+    ours, theirs = train_per_eval(run), train_per_eval(baseline)
+    return 100 * (ours / theirs - 1) if ours and theirs else None
+
+
 def mean_sd(values: list[float]) -> str:
     if not values:
         return "—"
@@ -74,8 +81,9 @@ def per_seed(group: list[Run], baselines: dict[tuple, Run], times: dict[tuple[in
             pairs = [(times[id(run), c], times[id(baseline), c]) for c in CLOCKS]
             row[2:4] = [f"{paired_saving(t, bt)[0]:.1f}" if t and bt else "—" for t, bt in pairs]
             theirs = train_per_eval(times[id(baseline), "evaluation"])
+            gap = ratio_gap(times[id(run), "evaluation"], times[id(baseline), "evaluation"])
             row[5] = f"{theirs:.2f}" if theirs else "—"
-            row[6] = f"{100 * (ratio / theirs - 1):+.1f}" if ratio and theirs else "—"
+            row[6] = f"{gap:+.1f}" if gap is not None else "—"
         widths = (10, 10, 13, 13, 12, 10, 8)
         print(
             f"{run.seed:>4}"
@@ -100,12 +108,12 @@ def main() -> None:
     for r in runs:
         if r.method != BASELINE:
             groups[config_key(r)].append(r)
+    times = {(id(r), c): timed(r, c) for r in runs for c in CLOCKS}  # each run's figures once per clock
     if args.seeds:
         named = [group for key, group in groups.items() if "/".join(key[:4]) == args.seeds]
         if not named:
             known = ", ".join(sorted({"/".join(key[:4]) for key in groups}))
             raise UserError(f"--seeds {args.seeds}: no such method configuration in {root}; there: {known}")
-        times = {(id(r), c): timed(r, c) for r in runs for c in CLOCKS}
         print(f"{args.seeds} in {root}, seed by seed: time saved % (own and paired, wall and evaluation clock), a full "
               "epoch's training seconds per evaluation second (the run's, its baseline's) and their gap %")  # fmt: skip
         per_seed([r for group in named for r in group], baselines, times)
@@ -113,7 +121,6 @@ def main() -> None:
     shown = {key: group for key, group in sorted(groups.items()) if len(group) >= args.min_seeds}
     if not shown:
         raise UserError(f"{root}: no method configuration has {args.min_seeds} entries or more")
-    times = {(id(r), c): timed(r, c) for r in runs for c in CLOCKS}  # each run's figures once per clock
 
     print(f"time saved % over seeds, {len(runs)} entries of {root}: mean and sd, per saving and clock")
     heads = ["seeds", "paired", "compute"] + [f"{saving} {clock}" for saving in ("own", "paired") for clock in CLOCKS]
@@ -130,10 +137,8 @@ def main() -> None:
         flops = [100 * (1 - r.metrics["total_train_flops"] / b.metrics["total_train_flops"]) for r, b in with_baseline
                  if r.metrics.get("total_train_flops") and b.metrics.get("total_train_flops")]  # fmt: skip
         compute = f"{statistics.fmean(flops):.1f}" if flops else "—"
-        ratios = [
-            (train_per_eval(times[id(r), "evaluation"]), train_per_eval(times[id(b), "evaluation"])) for r, b in pairs
-        ]
-        gaps = [100 * (ours / theirs - 1) for ours, theirs in ratios if ours and theirs]
+        both = [ratio_gap(times[id(r), "evaluation"], times[id(b), "evaluation"]) for r, b in pairs]
+        gaps = [g for g in both if g is not None]
         gap = f"{statistics.fmean(gaps):+.1f}" if gaps else "—"
         cells = [mean_sd(own[c]) for c in CLOCKS] + [mean_sd(paired[c]) for c in CLOCKS]
         row = [str(len(group)), str(len(pairs)), compute, *cells, gap]

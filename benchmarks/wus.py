@@ -16,10 +16,10 @@ most 0.35; also from the fastest batch of each phase, the least disturbed), forw
 a skip epoch costs a forward pass).
 
 Then, for each WUS and WUS+LR configuration of those models in the results ledger (`--ledger`, default ledger/), what
-its schedule would save on this machine: the share of its epochs that skip (mean over its seeds, from history.csv's
-`phase`) times 1 - skip/normal here, against its own full epochs; beside it the time its runs saved against their own
-full epochs where they trained (`cheaptrain.timing`, on their device). A schedule trained on a GPU, where a skip step
-waits on the host, is so priced as on a CPU like the WUS paper's.
+its schedule would save on this machine: the share of its epochs that skip (mean over its seeds, `skip_epochs` of
+metrics.json) times 1 - skip/normal here, against its own full epochs; beside it the time its runs saved against
+their own full epochs where they trained (`cheaptrain.timing`, on their device). A schedule trained on a GPU, where a
+skip step waits on the host, is so priced as on a CPU like the WUS paper's.
 """
 
 import argparse
@@ -112,7 +112,7 @@ def projections(ratios: dict[str, float], root: Path) -> None:
     print(f"\nthe ledger's WUS schedules ({root}) at this machine's skip/normal: own time saved %")
     print(f"{'model':<10}{'method':<8}{'seeds':>6}{'skip share':>12}{'here':>8}{'measured':>10}  measured on")
     for (model, method), group in groups.items():
-        share = statistics.fmean(sum(row.get("phase") == SKIP for row in r.history) / len(r.history) for r in group)
+        share = statistics.fmean(r.metrics["skip_epochs"] / r.metrics["epochs"] for r in group)
         times = [t.own_saving_pct for r in group if (t := run_time(r.history, f"wus/{r.name}"))]
         measured = f"{statistics.fmean(times):.1f}" if times else "—"
         devices = ", ".join(sorted({r.device for r in group if r.device}))

@@ -7,7 +7,7 @@ phase (AlexNet at lr 0.1, without BatchNorm or warm-up), a run whose skip epochs
 climb out. For each WUS-study method configuration of --model with --min-seeds entries or more that pair with a
 baseline of the same seed (runs that ended at chance left out, as the report leaves them out), printed per seed:
   - first skip:   the run's first skip epoch (its history.csv's `phase`: 1 in a skip epoch, 0 in a normal one);
-  - skips:        its skip epochs;
+  - skips:        its skip epochs (`skip_epochs` in its metrics.json);
   - loss gap:     the baseline's training loss at the first phase's last epoch (where the lr first drops, read from the
                   baseline's `lr` column) minus the run's: how much of the climb the run sat out;
   - Δ:            the run's accuracy minus the baseline's, the study's measure (params `aggregate.accuracy`: WUS's
@@ -92,7 +92,7 @@ def main() -> None:
             gaps.append(gap)
             deltas.append(delta)
             (early if first is not None and first <= end else late).append(delta)
-            skips = sum(row.get("phase") == SKIP for row in run.history)
+            skips = int(run.metrics["skip_epochs"])
             print(f"  s{run.seed:<3} {first or '—':>5} {skips:>5} {gap:+8.3f} {delta:+7.2f}")
         r = statistics.correlation(gaps, deltas) if len(set(gaps)) > 1 and len(set(deltas)) > 1 else float("nan")
         print(f"  Pearson r (loss gap, Δ): {r:.2f} over {len(pairs)} seeds")

@@ -76,7 +76,7 @@ def test_the_wus_benchmark_times_every_phase_and_prices_the_ledgers_schedules_at
         history = [{"epoch": e, "test_acc": 50.0, "epoch_train_s": 1.0 if e <= 4 - skips else 0.4,
                     "trained_samples": 100, "phase": int(e > 4 - skips)} for e in range(1, 5)]  # fmt: skip
         metrics = {"final_acc": 50.0, "best_acc": 50.0, "best3_acc": 50.0, "train_time_s": 3.0,
-                   "total_trained_samples": 400, "epochs": 4}  # fmt: skip
+                   "total_trained_samples": 400, "epochs": 4, "skip_epochs": skips}  # fmt: skip
         config = {"study": "wus", "dataset": "cifar10", "model": "lenet", "method": "wus", "seed": seed}
         write_run(tmp_path, "wus", f"cifar10-lenet-wus-s{seed}", history, metrics, config)
     result = benchmark("wus", "--models", "lenet", "--batches", "2", "--ledger", str(tmp_path))
@@ -273,7 +273,7 @@ def test_the_wus_gain_analysis_relates_each_seeds_gain_to_the_climb_its_skip_epo
             history = [{"epoch": e, "lr": 0.1 if e <= 3 else 0.01, "train_loss": loss, "test_acc": acc,
                         "phase": int(e >= skips_from)} for e, loss in enumerate(losses, 1)]  # fmt: skip
             metrics = {"final_acc": acc, "best_acc": acc, "best3_acc": acc, "train_time_s": 6.0,
-                       "total_trained_samples": 6.0, "epochs": 6}  # fmt: skip
+                       "total_trained_samples": 6.0, "epochs": 6, "skip_epochs": 7 - skips_from}  # fmt: skip
             config = {"study": "wus", "dataset": "cifar10", "model": "alexnet", "method": method, "seed": seed}
             write_run(tmp_path, "wus", f"cifar10-alexnet-{method}-s{seed}", history, metrics, config)
     result = benchmark_here(monkeypatch, "wus_gain", "--ledger", str(tmp_path))

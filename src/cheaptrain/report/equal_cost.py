@@ -19,10 +19,9 @@ COST_NOTE = (
     "The best at a budget has the highest Δ. Its lead over each other configuration there, the runner-up first, is "
     "weighed seed by seed where the two share 3 or more seeds (the 95% t-interval of their accuracy differences: a "
     "finding when it excludes 0; and the seeds it is ahead on, which show whether a seed or two carry the mean), else "
-    "by whether their 95% intervals overlap; so is each other configuration's lead "
-    "over those below it. The paper's figures stand beside the "
-    "configuration of the paper's own method and setting (its name, e.g. `dfp`); the papers publish time saved, not "
-    "compute."
+    "by whether their 95% intervals overlap; so is each other configuration's lead over those below it. The paper's "
+    "figures stand beside the configuration of the paper's own method and setting (its name, e.g. `dfp`); the papers "
+    "publish time saved, not compute."
 )
 
 
