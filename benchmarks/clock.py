@@ -1,6 +1,6 @@
 """Benchmark: the ledger's time savings read with the wall clock and with the evaluation clock, over its seeds.
 
-    python benchmarks/clock.py [--ledger DIR] [--min-seeds 3] [--seeds STUDY/DATASET/MODEL/METHOD]
+    python benchmarks/clock.py [--ledger DIR] [--min-seeds 3] [--seeds STUDY/DATASET/MODEL/METHOD [--seed-range A-B]]
 
 For every method configuration of the results ledger (study, dataset, model, method) with --min-seeds entries or more,
 two time savings (cheaptrain.timing), each read two ways from the same entries:
@@ -20,7 +20,8 @@ machine leaves the own saving's mean where full and cheaper epochs interleave (D
 where drift hit one kind of epoch alone, and brings the paired saving, hours apart on a shared machine, to the own one
 less that gap. --seeds names one configuration and prints its figures seed by seed instead: the four savings, a
 full epoch's training seconds per evaluation second of the run and of its baseline, and the gap between the two, or
-why a seed does not pair (another machine, no baseline). No training: seconds.
+why a seed does not pair (another machine, no baseline), then each column's mean and sd over the seeds that pair;
+--seed-range A-B keeps those seeds alone. No training: seconds.
 """
 
 import argparse
@@ -68,28 +69,48 @@ def mean_sd(values: list[float]) -> str:
 
 
 def per_seed(group: list[Run], baselines: dict[tuple, Run], times: dict[tuple[int, str], RunTime | None]) -> None:
-    """Print one configuration's figures seed by seed (the module's doc, --seeds)."""
-    print(f"{'seed':>4}{'own wall':>10}{'own eval':>10}{'paired wall':>13}{'paired eval':>13}{'train/eval':>12}"
-          f"{'baseline':>10}{'gap':>8}")  # fmt: skip
+    """Print one configuration's figures seed by seed, then their means over the seeds that pair (the module's doc)."""
+    heads = ("own wall", "own eval", "paired wall", "paired eval", "train/eval", "baseline", "gap")
+    widths = (10, 10, 13, 13, 12, 10, 8)
+    formats = (".1f", ".1f", ".1f", ".1f", ".2f", ".2f", "+.1f")
+    print(f"{'seed':>4}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
+
+    def line(label: str, values: list[float | None], formats: tuple[str, ...], why: str = "") -> str:
+        cells = ("—" if v is None else f"{v:{f}}" for v, f in zip(values, formats, strict=True))
+        row = "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+        return f"{label:>4}{row}" + (f"  {why}" if why else "")
+
+    paired_rows = []
     for run in sorted(group, key=lambda r: r.seed):
-        own = [f"{t.own_saving_pct:.1f}" if (t := times[id(run), c]) else "—" for c in CLOCKS]
-        ratio = train_per_eval(times[id(run), "evaluation"])
-        row = [*own, "—", "—", f"{ratio:.2f}" if ratio else "—", "—", "—"]
+        own = [t.own_saving_pct if (t := times[id(run), c]) else None for c in CLOCKS]
+        values = [*own, None, None, train_per_eval(times[id(run), "evaluation"]), None, None]
         baseline = baselines.get(pair_key(run))
         why = "no baseline" if baseline is None else machine_difference(run, baseline)
         if baseline is not None and not why:
             pairs = [(times[id(run), c], times[id(baseline), c]) for c in CLOCKS]
-            row[2:4] = [f"{paired_saving(t, bt)[0]:.1f}" if t and bt else "—" for t, bt in pairs]
-            theirs = train_per_eval(times[id(baseline), "evaluation"])
-            gap = ratio_gap(times[id(run), "evaluation"], times[id(baseline), "evaluation"])
-            row[5] = f"{theirs:.2f}" if theirs else "—"
-            row[6] = f"{gap:+.1f}" if gap is not None else "—"
-        widths = (10, 10, 13, 13, 12, 10, 8)
-        print(
-            f"{run.seed:>4}"
-            + "".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
-            + (f"  {why}" if why else "")
-        )
+            values[2:4] = [paired_saving(t, bt)[0] if t and bt else None for t, bt in pairs]
+            values[5] = train_per_eval(times[id(baseline), "evaluation"])
+            values[6] = ratio_gap(times[id(run), "evaluation"], times[id(baseline), "evaluation"])
+            paired_rows.append(values)
+        print(line(str(run.seed), values, formats, why))
+    if paired_rows:
+        columns = [[v for v in column if v is not None] for column in zip(*paired_rows, strict=True)]
+        means = [statistics.fmean(c) if c else None for c in columns]
+        print(line("mean", means, formats, f"over the {len(paired_rows)} paired seeds"))
+        sds = [statistics.stdev(c) if len(c) > 1 else None for c in columns]
+        print(line("sd", sds, tuple(f.lstrip("+") for f in formats)))
+
+
+def seed_range(text: str) -> range:
+    """`A-B` (both included) or one seed, for --seed-range."""
+    first, _, last = text.partition("-")
+    try:
+        span = range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a seed or a range such as 6-15") from None
+    if not span:
+        raise argparse.ArgumentTypeError(f"{text!r}: the range is empty")
+    return span
 
 
 def main() -> None:
@@ -98,7 +119,11 @@ def main() -> None:
     parser.add_argument("--min-seeds", type=positive_int, default=3, help="configurations with fewer are left out")
     parser.add_argument("--seeds", metavar="CONFIGURATION", help="one configuration seed by seed, e.g. "
                         "dfp/cifar10/lenet/infobatch_r24")  # fmt: skip
+    parser.add_argument("--seed-range", type=seed_range, metavar="A-B", help="with --seeds: these seeds alone "
+                        "(both ends included), e.g. 6-15")  # fmt: skip
     args = parser.parse_args()
+    if args.seed_range and not args.seeds:
+        parser.error("--seed-range needs --seeds")
     root = args.ledger or ledger_root()
     if not root.is_dir():
         raise UserError(f"{root}: no results ledger there")
@@ -114,9 +139,13 @@ def main() -> None:
         if not named:
             known = ", ".join(sorted({"/".join(key[:4]) for key in groups}))
             raise UserError(f"--seeds {args.seeds}: no such method configuration in {root}; there: {known}")
+        chosen = [r for group in named for r in group if args.seed_range is None or r.seed in args.seed_range]
+        if not chosen:
+            raise UserError(f"--seeds {args.seeds}: no entry with a seed in {args.seed_range.start}-"
+                            f"{args.seed_range.stop - 1}")  # fmt: skip
         print(f"{args.seeds} in {root}, seed by seed: time saved % (own and paired, wall and evaluation clock), a full "
               "epoch's training seconds per evaluation second (the run's, its baseline's) and their gap %")  # fmt: skip
-        per_seed([r for group in named for r in group], baselines, times)
+        per_seed(chosen, baselines, times)
         return
     shown = {key: group for key, group in sorted(groups.items()) if len(group) >= args.min_seeds}
     if not shown:

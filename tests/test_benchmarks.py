@@ -2,6 +2,7 @@
 
 import importlib.util
 import re
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -251,10 +252,36 @@ def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds
     )
     assert by_seed.returncode == 0, by_seed.stderr
     seeds = [line.split() for line in by_seed.stdout.splitlines()[2:]]
-    assert [row[0] for row in seeds] == ["0", "1", "2"]
+    assert [row[0] for row in seeds] == ["0", "1", "2", "mean", "sd"]
     _, _, own_clock, _, paired_clock, ours, theirs, gap = seeds[0]
     assert (own_clock, paired_clock, gap) == ("17.0", "8.7", "+10.0")  # the table's figures, for one seed
     assert float(ours) == pytest.approx(1.1 * float(theirs), abs=0.01)  # trains 1.1x longer per evaluation second
+    _, _, own_clock, _, paired_clock, _, _, gap, *why = seeds[3]  # the mean row: the table's, over the paired seeds
+    assert (own_clock, paired_clock, gap, " ".join(why)) == ("17.0", "8.7", "+10.0", "over the 3 paired seeds")
+    assert seeds[4] == ["sd", "0.0", "0.0", "0.0", "0.0", "0.00", "0.00", "0.0"]  # every seed alike; unsigned
+    for seed in range(3):  # a method that saves more work the higher its seed: the mean and sd are the seeds'
+        history = [{"epoch": e, "test_acc": 50.0, "epoch_train_s": 5.0 * (1 - 0.1 * seed * (e % 2)),
+                    "trained_samples": 50000.0, "train_flops": 1e6 * (1 - 0.1 * seed * (e % 2)),
+                    "eval_s": 0.5} for e in range(1, 41)]  # fmt: skip
+        write_entry(tmp_path, "dfp", seed, history)
+    spread = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/dfp")
+    rows = [line.split() for line in spread.stdout.splitlines()[2:]]
+    own = [float(row[2]) for row in rows[:3]]
+    assert own[0] < own[1] < own[2]
+    assert float(rows[3][2]) == pytest.approx(statistics.fmean(own), abs=0.05)
+    assert float(rows[4][2]) == pytest.approx(statistics.stdev(own), abs=0.05)
+    two = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/random_prune",
+                         "--seed-range", "1-2")  # fmt: skip
+    assert [line.split()[0] for line in two.stdout.splitlines()[2:]] == ["1", "2", "mean", "sd"]
+    assert "over the 2 paired seeds" in two.stdout
+    none = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/random_prune",
+                          "--seed-range", "5-9")  # fmt: skip
+    assert none.returncode == 2 and "no entry with a seed in 5-9" in none.stderr
+    alone = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seed-range", "1-2")
+    assert alone.returncode == 2 and "--seed-range needs --seeds" in alone.stderr
+    empty = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/random_prune",
+                           "--seed-range", "3-1")  # fmt: skip
+    assert empty.returncode == 2 and "the range is empty" in empty.stderr
     unknown = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/nope")
     assert unknown.returncode == 2 and "--seeds dfp/cifar10/lenet/nope: no such method configuration" in unknown.stderr
 
