@@ -38,6 +38,7 @@ from cheaptrain.report.figures import (
     cost_figure,
     curve_figure,
     phases_figure,
+    pruned_figure,
     saving_figure,
     spans,
 )
@@ -766,6 +767,33 @@ def test_a_panel_of_many_configurations_lays_its_legend_out_in_two_columns():
     many.figure.draw_without_rendering()  # lays the legend out
     positions = {round(t.get_window_extent().x0) for t in many.get_texts()}
     assert len(positions) == 2  # two columns
+
+
+def test_the_cumulative_pruning_figure_ends_at_each_runs_sample_saving_and_keeps_a_shared_schedule_visible():
+    """Cumulative: by each epoch, the share of the sample-passes a full run would have trained that were left out,
+    ending at the run's sample saving. DFP and its random control share one schedule, so their curves coincide: the
+    second is drawn thin and dotted over the first and says whose it is; another schedule keeps its own style."""
+
+    def run(method: str, pruned: dict[int, int]) -> Run:
+        history = [{"epoch": e, "pruned_samples": pruned.get(e, 0), "trained_samples": 1000 - pruned.get(e, 0),
+                    "test_acc": 50.0, "epoch_train_s": 1.0} for e in range(1, 5)]  # fmt: skip
+        return Run("dfp", "cifar10", "lenet", method, 0, {}, history)
+
+    schedule = {2: 200, 4: 200}  # 400 of 4000 sample-passes
+    runs = [run("dfp", schedule), run("random_prune", schedule), run("infobatch", {1: 500, 2: 300})]
+    (ax,) = [a for a in pruned_figure(runs, cumulative=True).axes if a.get_visible()]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["dfp (400 in all)", "infobatch (800 in all)", "random_prune (400 in all), as dfp"]
+    assert lines["dfp (400 in all)"].get_ydata().tolist() == pytest.approx([0, 10, 200 / 30, 10])
+    assert lines["infobatch (800 in all)"].get_ydata().tolist() == pytest.approx([50, 40, 800 / 30, 20])
+    dfp, control = lines["dfp (400 in all)"], lines["random_prune (400 in all), as dfp"]
+    assert control.get_ydata().tolist() == dfp.get_ydata().tolist()
+    assert (control.get_linestyle(), control.get_linewidth()) == (":", 1.0)
+    assert (dfp.get_linestyle(), lines["infobatch (800 in all)"].get_linestyle()) == ("-", "-")
+    # per epoch (the grid's short runs), the same runs draw their counts as steps
+    (ax,) = [a for a in pruned_figure(runs).axes if a.get_visible()]
+    counts = {line.get_label(): line.get_ydata().tolist() for line in ax.get_lines()}
+    assert counts["dfp (400 in all)"] == [0, 200, 0, 200]
 
 
 def test_a_named_configuration_is_drawn_as_the_method_it_implements(tmp_path):

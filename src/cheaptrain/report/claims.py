@@ -25,7 +25,14 @@ from cheaptrain.report.cells import (
     stat,
 )
 from cheaptrain.report.equal_cost import cost_table, implementation_of, seed_accuracies
-from cheaptrain.report.figures import LEDGER_FIGURES, claims_figure, cost_figure, curve_figure, phases_figure
+from cheaptrain.report.figures import (
+    LEDGER_FIGURES,
+    claims_figure,
+    cost_figure,
+    curve_figure,
+    phases_figure,
+    pruned_figure,
+)
 from cheaptrain.report.tables import time_kind
 
 CLAIMS = {  # a published metric of a method: (our statistic, what it is, digits)
@@ -359,6 +366,9 @@ def paper_scale(
             at_scale, implements, "own_time_saving_pct", f"{where}: accuracy against cost (95% intervals)"
         ),
         "ledger_wus_phases.png": phases_figure(at_scale_runs, f"{where}: WUS phases (skip epochs shaded)"),
+        "ledger_pruned_samples.png": pruned_figure(
+            at_scale_runs, f"{where}: sample-passes left out so far (mean over seeds)", cumulative=True
+        ),
         CLAIMS_FIGURE: claims_figure(
             ran_points, f"{where}: every published claim run so far, ours against the paper's"
         ),

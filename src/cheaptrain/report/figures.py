@@ -25,6 +25,7 @@ LEDGER_FIGURES = {  # the runs at the papers' setting (grid or ledger): file -> 
     "ledger_test_acc.png": "Test accuracy per epoch at the papers' setting",
     "ledger_acc_vs_cost.png": "Accuracy Δ against compute saved and time saved at the papers' setting",
     "ledger_wus_phases.png": "WUS phases over the papers' 200 epochs",
+    "ledger_pruned_samples.png": "Sample-passes left out so far, per epoch, at the papers' setting",
     "ledger_claims.png": "Every published claim run so far: ours against the paper's, with the tolerance",
 }
 
@@ -114,30 +115,47 @@ def curve_figure(runs: list[Run], x: str, xlabel: str, title: str) -> Figure:
     return fig
 
 
-def pruned_figure(runs: list[Run]) -> Figure:
-    title = "Samples pruned per epoch (mean over seeds)"
+def pruned_figure(runs: list[Run], title: str = "", cumulative: bool = False) -> Figure:
+    """Samples left out per epoch (mean over seeds), one panel per study, dataset and model. `cumulative`: the share
+    of the sample-passes a full run would have trained by each epoch that were left out, where a schedule of 200
+    epochs alternating pruned and full ones would draw as a solid block; it ends at the run's sample saving."""
+    title = title or "Samples pruned per epoch (mean over seeds)"
     configs = {k: g for k, g in configurations(runs).items() if all("pruned_samples" in r.history[0] for r in g)}
     if not configs:
-        return _empty(title, "No pruning method (dfp, random_prune, infobatch) in this grid yet: nothing to show.")
+        return _empty(title, "No pruning method (dfp, random_prune, infobatch) here yet: nothing to show.")
+    implements = implementation_of(runs)
     panels = sorted({k[:3] for k in configs})
     fig, axes = _panels(len(panels), title)
     for ax, where in zip(axes, panels, strict=False):
+        drawn: dict[tuple[float, ...], str] = {}  # a curve already drawn -> its configuration
         for key, group in configs.items():
-            if key[:3] == where:
-                curve = mean_curve(group)
-                total = statistics.fmean(sum(h["pruned_samples"] for h in r.history) for r in group)
-                ax.step(
-                    [r["epoch"] for r in curve],
-                    [r["pruned_samples"] for r in curve],
-                    where="mid",
-                    color=_color(key[3]),
-                    label=f"{key[3]} ({total:,.0f} in all)",
-                    lw=1.6,
-                )
-        ax.set(title=f"{where[0]} study · {where[1]} · {where[2]}", xlabel="epoch", ylabel="samples left out")
+            if key[:3] != where:
+                continue
+            curve = mean_curve(group)
+            ys = [row["pruned_samples"] for row in curve]
+            if cumulative:
+                passes = list(itertools.accumulate(row["pruned_samples"] + row["trained_samples"] for row in curve))
+                ys = [100 * left / n for left, n in zip(itertools.accumulate(ys), passes, strict=True)]
+            total = statistics.fmean(sum(h["pruned_samples"] for h in r.history) for r in group)
+            label = f"{key[3]} ({total:,.0f} in all)"
+            method = implements[config_key(group[0])]
+            style = {"color": _color(method), "ls": "-" if method == key[3] else "--", "lw": 1.8}
+            if same := drawn.get(tuple(round(y, 6) for y in ys)):  # one schedule, two selections: keep both visible
+                label, style["lw"], style["ls"] = f"{label}, as {same}", 1.0, ":"
+            drawn.setdefault(tuple(round(y, 6) for y in ys), key[3])
+            epochs = [row["epoch"] for row in curve]
+            if cumulative:
+                ax.plot(epochs, ys, label=label, **style)
+            else:
+                ax.step(epochs, ys, where="mid", label=label, **style)
+        ylabel = "sample-passes left out so far (%)" if cumulative else "samples left out"
+        ax.set(title=f"{where[0]} study · {where[1]} · {where[2]}", xlabel="epoch", ylabel=ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=9)
+        if len(ax.get_lines()) > 5:  # below the panel: inside, a dozen entries would hide the curves
+            ax.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+        else:
+            ax.legend(fontsize=9)
     return fig
 
 
