@@ -1,6 +1,7 @@
 """The benchmark scripts: they run on the training code as it is, and bad input is a usage error, not a traceback."""
 
 import importlib.util
+import math
 import re
 import statistics
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cheaptrain.aggregate import T975
 from cheaptrain.prepare import write_prepared
 
 from conftest import run_script, synthetic_split, write_run
@@ -33,6 +35,14 @@ def benchmark_here(monkeypatch: pytest.MonkeyPatch, script: str, *args: str) -> 
     return run_script(REPO / "benchmarks" / f"{script}.py", *args)
 
 
+def load_benchmark(script: str):
+    """A benchmark script as a module, to call its functions (its folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{script}_benchmark", REPO / "benchmarks" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def prepare_tiny(folder: Path, train_size: int | None = None) -> Path:
     """A prepared CIFAR-10 of 64 training and 32 test images (`train_size`: as the quick setting's subset says)."""
     train, test = synthetic_split(64, seed=1), synthetic_split(32, seed=2)
@@ -48,7 +58,8 @@ def tiny_data(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(
-    "script", ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes", "clock", "wus_gain"]
+    "script",
+    ["loader", "malloc", "dfp", "wus", "noise", "checkpoint", "guards", "shapes", "clock", "wus_gain", "looks"],
 )
 def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch, script):
     options = {
@@ -58,12 +69,13 @@ def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch
         "shapes": "--epochs",
         "clock": "--min-seeds",
         "wus_gain": "--min-seeds",
+        "looks": "--looks",
     }
     option = options.get(script, "--repeats")
     # malloc's in a process of its own, as a user runs it (it imports no torch: a fraction of a second); the others
     # parse the same way here, without starting Python and importing torch again
     run = benchmark if script == "malloc" else partial(benchmark_here, monkeypatch)
-    result = run(script, option, "0")
+    result = run(script, *(["dfp/cifar10/lenet/dfp"] if script == "looks" else []), option, "0")
     assert result.returncode == 2, result.stderr
     assert f"argument {option}: '0' is not accepted: an integer >= 1" in result.stderr
     assert "Traceback" not in result.stderr
@@ -134,9 +146,7 @@ def test_bad_input_to_a_benchmark_is_an_error_line_and_status_2_not_a_traceback(
 
 
 def test_the_guards_benchmark_names_the_exit_status_of_a_process_that_died_without_a_word(monkeypatch):
-    spec = importlib.util.spec_from_file_location("guards", REPO / "benchmarks" / "guards.py")
-    guards = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(guards)
+    guards = load_benchmark("guards")
     killed = subprocess.CompletedProcess([], returncode=-9, stdout="", stderr="")  # as the OOM killer leaves it
     monkeypatch.setattr(guards.subprocess, "run", lambda *args, **kwargs: killed)
     monkeypatch.setattr(sys, "argv", ["guards.py", "--repeats", "1"])
@@ -158,9 +168,7 @@ def test_malloc_and_loader_benchmarks_state_the_torch_version_and_thread_count(t
 def test_the_loader_benchmarks_bare_model_trains_on_the_batches_of_the_training_loop(tiny_data):
     """Its split of this loop's overhead (making the batches, the rest) holds only if the bare loops, batches made
     beforehand or in the loop, see the very inputs train_epoch trains on: images, layout and labels."""
-    spec = importlib.util.spec_from_file_location("loader_benchmark", REPO / "benchmarks" / "loader.py")
-    loader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loader)
+    loader = load_benchmark("loader")
     from cheaptrain.config import load_params, resolve_run
     from cheaptrain.data import load_split
     from cheaptrain.methods import Method
@@ -321,3 +329,59 @@ def test_the_wus_gain_analysis_relates_each_seeds_gain_to_the_climb_its_skip_epo
     assert short.returncode == 2 and "no wus configuration of alexnet has 5 seeds paired" in short.stderr
     missing = benchmark_here(monkeypatch, "wus_gain", "--ledger", str(tmp_path / "none"))
     assert missing.returncode == 2 and "no results ledger there" in missing.stderr
+
+
+def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_interval_for_every_look(
+    monkeypatch, tmp_path
+):
+    """dfp minus its baseline over seeds 0-4 (seed 5 has no baseline): the first K seeds' mean, the report's 95%
+    t-interval, the seeds ahead and whether it is a finding; then all seeds' interval widened for the looks, a
+    (1 - 0.05 / looks) t-interval."""
+    history = [{"epoch": 1, "test_acc": 60.0, "epoch_train_s": 1.0, "trained_samples": 100.0}]
+    lead = {0: 1.0, 1: 2.0, 2: 1.5, 3: 3.0, 4: -0.5, 5: 9.0}
+    for method, seeds in (("baseline", range(5)), ("dfp", range(6)), ("random_prune", range(2))):
+        for seed in seeds:
+            acc = 60.0 + (lead[seed] if method == "dfp" else 0.0)
+            metrics = {
+                "final_acc": acc,
+                "best_acc": acc,
+                "best3_acc": acc,
+                "epochs": 1,
+                "train_time_s": 1.0,
+                "total_trained_samples": 100.0,
+            }
+            config = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": method, "seed": seed}
+            write_run(tmp_path, "dfp", f"cifar10-lenet-{method}-s{seed}", history, metrics, config)
+    result = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path), "--at", "3", "5")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("dfp/cifar10/lenet/dfp minus baseline (best3_acc, points)") and "of 5 (0-4)" in lines[0]
+    first, every = lines[2].split(), lines[3].split()
+    assert first[:3] == ["3", "2", "+1.50"]  # K, its last seed, the mean of +1, +2, +1.5
+    half = T975[1] * 0.5 / math.sqrt(3)  # the report's interval: sd 0.5 over 3 seeds
+    assert first[3:5] == [f"[{1.5 - half:+.2f},", f"{1.5 + half:+.2f}]"] and first[5:] == ["3", "of", "3", "yes"]
+    assert every[:3] == ["5", "4", "+1.40"] and every[5:] == ["4", "of", "5", "no"]
+    differences = [1.0, 2.0, 1.5, 3.0, -0.5]
+    wide = 3.4954 * statistics.stdev(differences) / math.sqrt(5)  # t at 1 - 0.0125, 4 degrees of freedom
+    assert lines[4] == (f"all 5 seeds, widened for 2 looks (Bonferroni: a 97.5% t-interval): [{1.4 - wide:+.2f}, "
+                        f"{1.4 + wide:+.2f}], contains 0")  # fmt: skip
+    default = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path))
+    assert [line.split()[0] for line in default.stdout.splitlines()[2:]] == ["3", "4", "5"]  # no look counted
+    for args, said in (
+        (["dfp/cifar10/lenet"], "expected study/dataset/model/method"),
+        (["dfp/cifar10/lenet/dfp", "--against", "infobatch"], "lenet/infobatch: no entries"),
+        (["dfp/cifar10/lenet/dfp", "--against", "random_prune"], "share 2 seeds; a t-interval needs 3"),
+        (["dfp/cifar10/lenet/dfp", "--at", "2", "6"], "--at 2 6: the counts lie in 3-5"),
+        (["nope/cifar10/lenet/dfp"], "nope: not a study of the ledger"),
+    ):
+        failed = benchmark_here(monkeypatch, "looks", *args, "--ledger", str(tmp_path))
+        assert failed.returncode == 2 and said in failed.stderr, (args, failed.stderr)
+
+
+def test_the_t_quantile_matches_the_tables():
+    """Student's t for the Bonferroni interval, against printed tables (two-sided 95%, 99%; 97.5% with 4 df)."""
+    looks = load_benchmark("looks")
+    assert looks.t_quantile(0.025, 4) == pytest.approx(2.7764, abs=1e-4)
+    assert looks.t_quantile(0.005, 19) == pytest.approx(2.8609, abs=1e-4)
+    assert looks.t_quantile(0.0125, 4) == pytest.approx(3.4954, abs=1e-4)
+    assert looks.t_quantile(0.025, 200) == pytest.approx(1.9719, abs=1e-4)

@@ -1,0 +1,116 @@
+"""Analysis: how a seed-by-seed comparison of the results ledger moved as its seeds were added, and its interval
+widened for every time it was looked at.
+
+    python benchmarks/looks.py STUDY/DATASET/MODEL/METHOD [--against METHOD] [--at K [K ...]] [--looks N]
+
+Each seed's accuracy difference between the configuration and the one --against names (default: its baseline, the
+accuracy Δ), by the study's paper's measure (the report's default), over the seeds both have (runs that ended at chance
+left out, as the report leaves them out). Printed for the first K of those seeds in seed order, for each K of --at
+(default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `aggregate.describe`), the
+seeds it is ahead on, and whether the interval excludes 0 (the report's finding). A comparison looked at after each
+batch of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of
+the time when nothing is there: last, for all the seeds, the interval widened for --looks looks (default: the number
+of --at values, with --at) by Bonferroni's rule, a (1 − 0.05 / looks) t-interval, which holds whatever the looks saw.
+No training: seconds.
+"""
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cheaptrain import UserError, positive_int, run_main
+from cheaptrain.aggregate import BASELINE, accuracy_measures, collapsed, config_key, describe, ledger_runs
+from cheaptrain.ledger import ledger_root
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile for upper-tail probability `p` (0 < p < 0.5): the CDF integrated by Simpson's rule,
+    inverted by bisection; within 1e-6 of the tables for df >= 2."""
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def upper_tail(x: float, steps: int = 2000) -> float:  # P(T > x) = 0.5 - ∫_0^x pdf
+        h = x / steps
+        pdf = [scale * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+        return 0.5 - h / 3 * (pdf[0] + pdf[-1] + 4 * sum(pdf[1:-1:2]) + 2 * sum(pdf[2:-1:2]))
+
+    low, high = 0.0, 1.0
+    while upper_tail(high) > p:
+        low, high = high, 2 * high
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if upper_tail(mid) > p else (low, mid)
+    return (low + high) / 2
+
+
+def interval(differences: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The mean difference's two-sided t-interval at `level` (3+ values)."""
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    half = t_quantile((1 - level) / 2, len(differences) - 1) * sd / math.sqrt(len(differences))
+    return mean - half, mean + half
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configuration", help="study/dataset/model/method, e.g. dfp/cifar10/lenet/random_prune")
+    parser.add_argument("--against", default=BASELINE, help="the other method of that study, dataset and model "
+                        "(default: baseline: the accuracy Δ)")  # fmt: skip
+    parser.add_argument("--at", type=positive_int, nargs="+", metavar="K", help="the seed counts to print (default: "
+                        "every one from 3)")  # fmt: skip
+    parser.add_argument("--looks", type=positive_int, help="how many times the comparison was looked at (default: "
+                        "the number of --at values; without --at no widened interval)")  # fmt: skip
+    parser.add_argument("--ledger", type=Path, default=None, help="the results ledger (default: ledger/)")
+    args = parser.parse_args()
+    parts = args.configuration.split("/")
+    if len(parts) != 4:
+        raise UserError(f"{args.configuration}: expected study/dataset/model/method")
+    root = args.ledger or ledger_root()
+    if not root.is_dir():
+        raise UserError(f"{root}: no results ledger there")
+    measures = accuracy_measures({})  # the papers' measures, the report's default
+    if parts[0] not in measures:
+        raise UserError(f"{parts[0]}: not a study of the ledger; accepted: {', '.join(measures)}")
+    measure = measures[parts[0]]
+    runs = [r for r in ledger_runs(root) if not collapsed(r)]
+    accuracy: dict[str, dict[int, float]] = {}
+    for run in runs:
+        study, dataset, model, method = config_key(run)[:4]
+        if (study, dataset, model) == tuple(parts[:3]):
+            accuracy.setdefault(method, {})[run.seed] = run.metrics[measure]
+    for method in (parts[3], args.against):
+        if method not in accuracy:
+            known = ", ".join(sorted(accuracy)) or "none"
+            raise UserError(f"{'/'.join(parts[:3])}/{method}: no entries in {root}; its methods there: {known}")
+    ours, theirs = accuracy[parts[3]], accuracy[args.against]
+    seeds = sorted(ours.keys() & theirs.keys())
+    if len(seeds) < 3:
+        raise UserError(f"{parts[3]} and {args.against} share {len(seeds)} seeds; a t-interval needs 3")
+    counts = args.at or list(range(3, len(seeds) + 1))
+    if too_many := [k for k in counts if not 3 <= k <= len(seeds)]:
+        raise UserError(f"--at {' '.join(map(str, too_many))}: the counts lie in 3-{len(seeds)} (the seeds shared)")
+    differences = [ours[s] - theirs[s] for s in seeds]
+
+    print(f"{args.configuration} minus {args.against} ({measure}, points) over their first K shared seeds of "
+          f"{len(seeds)} ({seeds[0]}-{seeds[-1]}), in {root}")  # fmt: skip
+    print(f"{'K':>3}{'last seed':>10}{'mean':>8}  {'95% interval':<18}{'ahead on':>9}  finding")
+    for k in counts:
+        part = differences[:k]
+        mean, _, ci = describe(part)
+        assert ci is not None  # 3+ values
+        ahead = sum(d > 0 for d in part)
+        found = "yes" if mean - ci > 0 or mean + ci < 0 else "no"
+        shown = f"[{mean - ci:+.2f}, {mean + ci:+.2f}]"
+        print(f"{k:>3}{seeds[k - 1]:>10}{mean:>+8.2f}  {shown:<18}{ahead:>5} of {k:<3}{found}")
+    looks = args.looks or (len(args.at) if args.at else None)
+    if looks:
+        low, high = interval(differences, 1 - 0.05 / looks)
+        found = "excludes 0" if low > 0 or high < 0 else "contains 0"
+        print(f"all {len(seeds)} seeds, widened for {looks} look{'s' * (looks > 1)} (Bonferroni: a "
+              f"{100 * (1 - 0.05 / looks):.4g}% t-interval): [{low:+.2f}, {high:+.2f}], {found}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    run_main(main)
