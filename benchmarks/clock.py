@@ -18,8 +18,9 @@ machines of one name whose training and evaluation differ in speed unequally, or
 other), and it lowers the paired saving below the own one by about (100 - own) x gap / 100. A clock that tracks the
 machine leaves the own saving's mean where full and cheaper epochs interleave (DFP's schedule), narrows its scatter
 where drift hit one kind of epoch alone, and brings the paired saving, hours apart on a shared machine, to the own one
-less that gap. --seeds names one configuration and prints its figures seed by seed instead: the four savings, a
-full epoch's training seconds per evaluation second of the run and of its baseline, and the gap between the two, or
+less that gap. --seeds names one configuration and prints its figures seed by seed instead: a full epoch's seconds (the
+median, as measured), the four savings, a full epoch's training seconds per evaluation second of the run and of its
+baseline, and the gap between the two, or
 why a seed does not pair (another machine, no baseline), then each column's mean and sd over the seeds that pair;
 --seed-range A-B keeps those seeds alone. No training: seconds.
 """
@@ -70,9 +71,9 @@ def mean_sd(values: list[float]) -> str:
 
 def per_seed(group: list[Run], baselines: dict[tuple, Run], times: dict[tuple[int, str], RunTime | None]) -> None:
     """Print one configuration's figures seed by seed, then their means over the seeds that pair (the module's doc)."""
-    heads = ("own wall", "own eval", "paired wall", "paired eval", "train/eval", "baseline", "gap")
-    widths = (10, 10, 13, 13, 12, 10, 8)
-    formats = (".1f", ".1f", ".1f", ".1f", ".2f", ".2f", "+.1f")
+    heads = ("full s", "own wall", "own eval", "paired wall", "paired eval", "train/eval", "baseline", "gap")
+    widths = (8, 10, 10, 13, 13, 12, 10, 8)
+    formats = (".2f", ".1f", ".1f", ".1f", ".1f", ".2f", ".2f", "+.1f")
     print(f"{'seed':>4}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
 
     def line(label: str, values: list[float | None], formats: tuple[str, ...], why: str = "") -> str:
@@ -83,14 +84,23 @@ def per_seed(group: list[Run], baselines: dict[tuple, Run], times: dict[tuple[in
     paired_rows = []
     for run in sorted(group, key=lambda r: r.seed):
         own = [t.own_saving_pct if (t := times[id(run), c]) else None for c in CLOCKS]
-        values = [*own, None, None, train_per_eval(times[id(run), "evaluation"]), None, None]
+        wall = times[id(run), "wall"]
+        values = [
+            wall and wall.full_epoch_s,
+            *own,
+            None,
+            None,
+            train_per_eval(times[id(run), "evaluation"]),
+            None,
+            None,
+        ]
         baseline = baselines.get(pair_key(run))
         why = "no baseline" if baseline is None else machine_difference(run, baseline)
         if baseline is not None and not why:
             pairs = [(times[id(run), c], times[id(baseline), c]) for c in CLOCKS]
-            values[2:4] = [paired_saving(t, bt)[0] if t and bt else None for t, bt in pairs]
-            values[5] = train_per_eval(times[id(baseline), "evaluation"])
-            values[6] = ratio_gap(times[id(run), "evaluation"], times[id(baseline), "evaluation"])
+            values[3:5] = [paired_saving(t, bt)[0] if t and bt else None for t, bt in pairs]
+            values[6] = train_per_eval(times[id(baseline), "evaluation"])
+            values[7] = ratio_gap(times[id(run), "evaluation"], times[id(baseline), "evaluation"])
             paired_rows.append(values)
         print(line(str(run.seed), values, formats, why))
     if paired_rows:

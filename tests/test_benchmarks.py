@@ -261,12 +261,16 @@ def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds
     assert by_seed.returncode == 0, by_seed.stderr
     seeds = [line.split() for line in by_seed.stdout.splitlines()[2:]]
     assert [row[0] for row in seeds] == ["0", "1", "2", "mean", "sd"]
-    _, _, own_clock, _, paired_clock, ours, theirs, gap = seeds[0]
+    _, full, _, own_clock, _, paired_clock, ours, theirs, gap = seeds[0]
+    assert full == "5.50"  # a full epoch as measured: epochs 36-40, 5 s at full speed, 1.1x slower to train
     assert (own_clock, paired_clock, gap) == ("17.0", "8.7", "+10.0")  # the table's figures, for one seed
     assert float(ours) == pytest.approx(1.1 * float(theirs), abs=0.01)  # trains 1.1x longer per evaluation second
-    _, _, own_clock, _, paired_clock, _, _, gap, *why = seeds[3]  # the mean row: the table's, over the paired seeds
+    _, full, _, own_clock, _, paired_clock, _, _, gap, *why = seeds[
+        3
+    ]  # the mean row: the table's, over the paired seeds
     assert (own_clock, paired_clock, gap, " ".join(why)) == ("17.0", "8.7", "+10.0", "over the 3 paired seeds")
-    assert seeds[4] == ["sd", "0.0", "0.0", "0.0", "0.0", "0.00", "0.00", "0.0"]  # every seed alike; unsigned
+    assert full == "5.55" and float(seeds[4][1]) > 0  # each seed's machine 1% slower than the last's: its seconds
+    assert seeds[4][2:] == ["0.0", "0.0", "0.0", "0.0", "0.00", "0.00", "0.0"]  # but no ratio moves; unsigned
     for seed in range(3):  # a method that saves more work the higher its seed: the mean and sd are the seeds'
         history = [{"epoch": e, "test_acc": 50.0, "epoch_train_s": 5.0 * (1 - 0.1 * seed * (e % 2)),
                     "trained_samples": 50000.0, "train_flops": 1e6 * (1 - 0.1 * seed * (e % 2)),
@@ -274,10 +278,10 @@ def test_the_clock_benchmark_prints_both_savings_with_both_clocks_over_the_seeds
         write_entry(tmp_path, "dfp", seed, history)
     spread = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/dfp")
     rows = [line.split() for line in spread.stdout.splitlines()[2:]]
-    own = [float(row[2]) for row in rows[:3]]
+    own = [float(row[3]) for row in rows[:3]]
     assert own[0] < own[1] < own[2]
-    assert float(rows[3][2]) == pytest.approx(statistics.fmean(own), abs=0.05)
-    assert float(rows[4][2]) == pytest.approx(statistics.stdev(own), abs=0.05)
+    assert float(rows[3][3]) == pytest.approx(statistics.fmean(own), abs=0.05)
+    assert float(rows[4][3]) == pytest.approx(statistics.stdev(own), abs=0.05)
     two = benchmark_here(monkeypatch, "clock", "--ledger", str(tmp_path), "--seeds", "dfp/cifar10/lenet/random_prune",
                          "--seed-range", "1-2")  # fmt: skip
     assert [line.split()[0] for line in two.stdout.splitlines()[2:]] == ["1", "2", "mean", "sd"]
