@@ -20,9 +20,8 @@ machine leaves the own saving's mean where full and cheaper epochs interleave (D
 where drift hit one kind of epoch alone, and brings the paired saving, hours apart on a shared machine, to the own one
 less that gap. --seeds names one configuration and prints its figures seed by seed instead: a full epoch's seconds (the
 median, as measured), the four savings, a full epoch's training seconds per evaluation second of the run and of its
-baseline, and the gap between the two, or
-why a seed does not pair (another machine, no baseline), then each column's mean and sd over the seeds that pair;
---seed-range A-B keeps those seeds alone. No training: seconds.
+baseline, and the gap between the two, or why a seed does not pair (another machine, no baseline), then each column's
+mean and sd over the seeds that pair; --seed-range A-B keeps those seeds alone. No training: seconds.
 """
 
 import argparse
@@ -84,16 +83,8 @@ def per_seed(group: list[Run], baselines: dict[tuple, Run], times: dict[tuple[in
     paired_rows = []
     for run in sorted(group, key=lambda r: r.seed):
         own = [t.own_saving_pct if (t := times[id(run), c]) else None for c in CLOCKS]
-        wall = times[id(run), "wall"]
-        values = [
-            wall and wall.full_epoch_s,
-            *own,
-            None,
-            None,
-            train_per_eval(times[id(run), "evaluation"]),
-            None,
-            None,
-        ]
+        wall, ratio = times[id(run), "wall"], train_per_eval(times[id(run), "evaluation"])
+        values = [wall.full_epoch_s if wall else None, *own, None, None, ratio, None, None]
         baseline = baselines.get(pair_key(run))
         why = "no baseline" if baseline is None else machine_difference(run, baseline)
         if baseline is not None and not why:
@@ -153,8 +144,9 @@ def main() -> None:
         if not chosen:
             raise UserError(f"--seeds {args.seeds}: no entry with a seed in {args.seed_range.start}-"
                             f"{args.seed_range.stop - 1}")  # fmt: skip
-        print(f"{args.seeds} in {root}, seed by seed: time saved % (own and paired, wall and evaluation clock), a full "
-              "epoch's training seconds per evaluation second (the run's, its baseline's) and their gap %")  # fmt: skip
+        print(f"{args.seeds} in {root}, seed by seed: a full epoch's seconds, time saved % (own and paired, wall "
+              "and evaluation clock), a full epoch's training seconds per evaluation second (the run's, its "
+              "baseline's) and their gap %")  # fmt: skip
         per_seed(chosen, baselines, times)
         return
     shown = {key: group for key, group in sorted(groups.items()) if len(group) >= args.min_seeds}

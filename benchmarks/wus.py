@@ -15,11 +15,14 @@ machine hits every phase alike. Prints, per model, the median time of a batch in
 most 0.35; also from the fastest batch of each phase, the least disturbed), forward/normal and skip/forward (about 1:
 a skip epoch costs a forward pass).
 
-Then, for each WUS and WUS+LR configuration of those models in the results ledger (`--ledger`, default ledger/), what
-its schedule would save on this machine: the share of its epochs that skip (mean over its seeds, `skip_epochs` of
-metrics.json) times 1 - skip/normal here, against its own full epochs; beside it the time its runs saved against
-their own full epochs where they trained (`cheaptrain.timing`, on their device). A schedule trained on a GPU, where a
-skip step waits on the host, is so priced as on a CPU like the WUS paper's.
+Then, for each WUS and WUS+LR configuration of those models in the results ledger (`--ledger`, default ledger/),
+what its schedule would save on this machine: the share of its epochs that skip (mean over its seeds, `skip_epochs`
+of metrics.json) times 1 - skip/normal here, against its own full epochs; then the same share priced at its runs'
+own skip/full epoch time where they trained ("there", at their mean `cheap_time_share`, printed as "skip/full": the
+report's "cheaper epoch" column), and the time those runs saved against their own full epochs (`cheaptrain.timing`,
+on their device): where "there" meets what they measured, the formula holds, and "here" differs from it by the ratio
+alone. A schedule trained on a GPU, where a skip step waits on the host, is so priced as on a CPU like the WUS
+paper's.
 """
 
 import argparse
@@ -110,14 +113,18 @@ def projections(ratios: dict[str, float], root: Path) -> None:
         print(f"\nno WUS entries of {', '.join(ratios)} in {root}: nothing to project")
         return
     print(f"\nthe ledger's WUS schedules ({root}) at this machine's skip/normal: own time saved %")
-    print(f"{'model':<10}{'method':<8}{'seeds':>6}{'skip share':>12}{'here':>8}{'measured':>10}  measured on")
+    print(f"{'model':<10}{'method':<8}{'seeds':>6}{'skip share':>12}{'here':>8}{'there':>8}{'skip/full':>11}"
+          f"{'measured':>10}  measured on")  # fmt: skip
     for (model, method), group in groups.items():
         share = statistics.fmean(r.metrics["skip_epochs"] / r.metrics["epochs"] for r in group)
-        times = [t.own_saving_pct for r in group if (t := run_time(r.history, f"wus/{r.name}"))]
-        measured = f"{statistics.fmean(times):.1f}" if times else "—"
+        timed = [t for r in group if (t := run_time(r.history, f"wus/{r.name}"))]
+        measured = f"{statistics.fmean(t.own_saving_pct for t in timed):.1f}" if timed else "—"
+        shares = [t.cheap_time_share for t in timed if t.cheap_time_share is not None]  # their skip/full epoch time
+        there = statistics.fmean(shares) if shares else None
+        at_theirs = f"{100 * share * (1 - there):.1f}" if there is not None else "—"
         devices = ", ".join(sorted({r.device for r in group if r.device}))
         print(f"{model:<10}{method:<8}{len(group):>6}{100 * share:>12.1f}{100 * share * (1 - ratios[model]):>8.1f}"
-              f"{measured:>10}  {devices}")  # fmt: skip
+              f"{at_theirs:>8}{f'{there:.2f}' if there is not None else '—':>11}{measured:>10}  {devices}")  # fmt: skip
 
 
 def main() -> None:

@@ -83,11 +83,12 @@ def test_a_benchmark_given_no_repeats_says_so_instead_of_a_traceback(monkeypatch
 
 def test_the_wus_benchmark_times_every_phase_and_prices_the_ledgers_schedules_at_it(tmp_path):
     """The phases through the training loop; then each WUS configuration of the ledger on the model, its skip share
-    (here 3 and 2 skip epochs of 4: 62.5% over two seeds) times 1 - skip/normal as just measured, beside the time
-    its runs saved where they trained."""
+    (here 3 and 2 skip epochs of 4: 62.5% over two seeds) times 1 - skip/normal as just measured; the same share at
+    its runs' own skip/full epoch time (0.4: 37.5), which meets the time they saved where they trained."""
     for seed, skips in ((0, 3), (1, 2)):
         history = [{"epoch": e, "test_acc": 50.0, "epoch_train_s": 1.0 if e <= 4 - skips else 0.4,
-                    "trained_samples": 100, "phase": int(e > 4 - skips)} for e in range(1, 5)]  # fmt: skip
+                    "trained_samples": 100, "train_flops": 300 if e <= 4 - skips else 100,
+                    "phase": int(e > 4 - skips)} for e in range(1, 5)]  # fmt: skip
         metrics = {"final_acc": 50.0, "best_acc": 50.0, "best3_acc": 50.0, "train_time_s": 3.0,
                    "total_trained_samples": 400, "epochs": 4, "skip_epochs": skips}  # fmt: skip
         config = {"study": "wus", "dataset": "cifar10", "model": "lenet", "method": "wus", "seed": seed}
@@ -99,9 +100,11 @@ def test_the_wus_benchmark_times_every_phase_and_prices_the_ledgers_schedules_at
     assert header[:5] == ["model", "batches", "normal", "skip", "forward"]
     assert row[:2] == ["lenet", "2"]
     assert all(float(ms) > 0 for ms in row[2:5])
-    model, method, seeds, share, here, _ = lines[6].split()[:6]
+    assert lines[5].split()[5:9] == ["here", "there", "skip/full", "measured"]
+    model, method, seeds, share, here, there, ratio, measured = lines[6].split()[:8]
     assert (model, method, seeds, share) == ("lenet", "wus", "2", "62.5")
     assert float(here) == pytest.approx(62.5 * (1 - float(row[5])), abs=0.6)  # skip/normal as printed, 2 decimals
+    assert (there, ratio, measured) == ("37.5", "0.40", "37.5")
     (tmp_path / "empty").mkdir()
     empty = benchmark("wus", "--models", "lenet", "--batches", "1", "--ledger", str(tmp_path / "empty"))
     assert "no WUS entries of lenet in" in empty.stdout

@@ -140,9 +140,10 @@ def pruned_figure(runs: list[Run], title: str = "", cumulative: bool = False) ->
             label = f"{key[3]} ({total:,.0f} in all)"
             method = implements[config_key(group[0])]
             style = {"color": _color(method), "ls": "-" if method == key[3] else "--", "lw": 1.8}
-            if same := drawn.get(tuple(round(y, 6) for y in ys)):  # one schedule, two selections: keep both visible
+            shape = tuple(round(y, 6) for y in ys)
+            if same := drawn.get(shape):  # one schedule, two selections: keep both visible
                 label, style["lw"], style["ls"] = f"{label}, as {same}", 1.0, ":"
-            drawn.setdefault(tuple(round(y, 6) for y in ys), key[3])
+            drawn.setdefault(shape, key[3])
             epochs = [row["epoch"] for row in curve]
             if cumulative:
                 ax.plot(epochs, ys, label=label, **style)
