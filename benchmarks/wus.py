@@ -20,9 +20,9 @@ what its schedule would save on this machine: the share of its epochs that skip 
 of metrics.json) times 1 - skip/normal here, against its own full epochs; then the same share priced at its runs'
 own skip/full epoch time where they trained ("there", at their mean `cheap_time_share`, printed as "skip/full": the
 report's "cheaper epoch" column), and the time those runs saved against their own full epochs (`cheaptrain.timing`,
-on their device): where "there" meets what they measured, the formula holds, and "here" differs from it by the ratio
-alone. A schedule trained on a GPU, where a skip step waits on the host, is so priced as on a CPU like the WUS
-paper's.
+on their device). "There" meets what they measured wherever their skip epochs take one share of a full epoch's time
+(the robust estimator is that product), so "here" differs from it by the ratio alone. A schedule trained on a GPU,
+where a skip step waits on the host, is so priced as on a CPU like the WUS paper's.
 """
 
 import argparse
