@@ -21,7 +21,8 @@ COST_NOTE = (
     "finding when it excludes 0; and the seeds it is ahead on, which show whether a seed or two carry the mean), else "
     "by whether their 95% intervals overlap; so is each other configuration's lead over those below it. The paper's "
     "figures stand beside the configuration of the paper's own method and setting (its name, e.g. `dfp`); the papers "
-    "publish time saved, not compute."
+    "publish time saved, not compute. A 95% interval holds for one look: for a comparison looked at again as seeds "
+    "were added, `python benchmarks/looks.py` prints each look and the interval widened for all of them."
 )
 
 
