@@ -372,6 +372,10 @@ def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_int
     wide = 3.4954 * statistics.stdev(differences) / math.sqrt(5)  # t at 1 - 0.0125, 4 degrees of freedom
     assert lines[4] == (f"all 5 seeds, widened for 2 looks (Bonferroni: a 97.5% t-interval): [{1.4 - wide:+.2f}, "
                         f"{1.4 + wide:+.2f}], contains 0")  # fmt: skip
+    behind = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/baseline", "--against", "dfp", "--ledger",
+                            str(tmp_path), "--at", "3")  # fmt: skip
+    below = ["-1.50", f"[{-1.5 - half:+.2f},", f"{-1.5 + half:+.2f}]", "0", "of", "3", "yes"]  # a finding too
+    assert behind.stdout.splitlines()[2].split()[2:] == below
     default = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path))
     assert [line.split()[0] for line in default.stdout.splitlines()[2:]] == ["3", "4", "5"]  # no look counted
     for args, said in (
