@@ -5,7 +5,8 @@ widened for every time it was looked at.
 
 Each seed's accuracy difference between the configuration and the one --against names (default: its baseline, the
 accuracy Δ), by the study's paper's measure (the report's default), over the seeds both have (runs that ended at chance
-left out, as the report leaves them out). Printed for the first K of those seeds in seed order, for each K of --at
+left out, as the report leaves them out), in the order the pairs became complete (the later `finished_at` of the two
+entries' run.json; seed order where an entry lacks it). Printed for the first K of those seeds, for each K of --at
 (default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `aggregate.describe`), the
 seeds it is ahead on, and whether the interval excludes 0 (the report's finding). A comparison looked at after each
 batch of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of
@@ -15,6 +16,7 @@ No training: seconds.
 """
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -76,16 +78,22 @@ def main() -> None:
     measure = measures[parts[0]]
     runs = [r for r in ledger_runs(root) if not collapsed(r)]
     accuracy: dict[str, dict[int, float]] = {}
+    finished: dict[str, dict[int, str]] = {}  # run.json's finished_at: when each entry came in
     for run in runs:
         study, dataset, model, method = config_key(run)[:4]
         if (study, dataset, model) == tuple(parts[:3]):
             accuracy.setdefault(method, {})[run.seed] = run.metrics[measure]
+            info = json.loads((root / run.study / run.name / "run.json").read_text())
+            finished.setdefault(method, {})[run.seed] = info.get("finished_at", "")
     for method in (parts[3], args.against):
         if method not in accuracy:
             known = ", ".join(sorted(accuracy)) or "none"
             raise UserError(f"{'/'.join(parts[:3])}/{method}: no entries in {root}; its methods there: {known}")
     ours, theirs = accuracy[parts[3]], accuracy[args.against]
     seeds = sorted(ours.keys() & theirs.keys())
+    came_in = {s: max(finished[parts[3]][s], finished[args.against][s]) for s in seeds}
+    if all(came_in.values()):  # in the order each pair became complete, as the report saw them
+        seeds.sort(key=lambda s: (came_in[s], s))
     if len(seeds) < 3:
         raise UserError(f"{parts[3]} and {args.against} share {len(seeds)} seeds; a t-interval needs 3")
     counts = args.at or list(range(3, len(seeds) + 1))
@@ -93,9 +101,10 @@ def main() -> None:
         raise UserError(f"--at {' '.join(map(str, too_many))}: the counts lie in 3-{len(seeds)} (the seeds shared)")
     differences = [ours[s] - theirs[s] for s in seeds]
 
-    print(f"{args.configuration} minus {args.against} ({measure}, points) over their first K shared seeds of "
-          f"{len(seeds)} ({seeds[0]}-{seeds[-1]}), in {root}")  # fmt: skip
-    print(f"{'K':>3}{'last seed':>10}{'mean':>8}  {'95% interval':<18}{'ahead on':>9}  finding")
+    order = "as their pairs came in" if all(came_in.values()) else "in seed order"
+    print(f"{args.configuration} minus {args.against} ({measure}, points) over the first K of their {len(seeds)} "
+          f"shared seeds, {order}, in {root}")  # fmt: skip
+    print(f"{'K':>3}{'Kth seed':>10}{'mean':>8}  {'95% interval':<18}{'ahead on':>9}  finding")
     for k in counts:
         part = differences[:k]
         mean, _, ci = describe(part)

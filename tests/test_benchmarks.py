@@ -1,6 +1,7 @@
 """The benchmark scripts: they run on the training code as it is, and bad input is a usage error, not a traceback."""
 
 import importlib.util
+import json
 import math
 import re
 import statistics
@@ -362,7 +363,8 @@ def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_int
     result = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path), "--at", "3", "5")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("dfp/cifar10/lenet/dfp minus baseline (best3_acc, points)") and "of 5 (0-4)" in lines[0]
+    assert lines[0].startswith("dfp/cifar10/lenet/dfp minus baseline (best3_acc, points)")
+    assert "first K of their 5 shared seeds, in seed order" in lines[0]  # no entry says when it finished
     first, every = lines[2].split(), lines[3].split()
     assert first[:3] == ["3", "2", "+1.50"]  # K, its last seed, the mean of +1, +2, +1.5
     half = T975[1] * 0.5 / math.sqrt(3)  # the report's interval: sd 0.5 over 3 seeds
@@ -378,6 +380,18 @@ def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_int
     assert behind.stdout.splitlines()[2].split()[2:] == below
     default = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path))
     assert [line.split()[0] for line in default.stdout.splitlines()[2:]] == ["3", "4", "5"]  # no look counted
+    # with run.json's finished_at, seeds count in the order their pairs came in: seed 4's pair first (its later entry
+    # still the earliest), then 0 and 1; seed 2's dfp entry came in last of all
+    times = {0: ("09", "10"), 1: ("11", "08"), 2: ("07", "23"), 3: ("12", "13"), 4: ("06", "05")}
+    for seed, (baseline_at, dfp_at) in times.items():
+        for method, at in (("baseline", baseline_at), ("dfp", dfp_at)):
+            path = tmp_path / "dfp" / f"cifar10-lenet-{method}-s{seed}" / "run.json"
+            path.write_text(json.dumps(json.loads(path.read_text()) | {"finished_at": f"2026-11-29T{at}:00:00Z"}))
+    ordered = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path))
+    rows = [line.split() for line in ordered.stdout.splitlines()]
+    assert "as their pairs came in" in ordered.stdout.splitlines()[0]
+    assert [row[1] for row in rows[2:]] == ["1", "3", "2"]  # the Kth seed: 4, 0, 1, then 3, then 2
+    assert rows[2][2] == f"{statistics.fmean([-0.5, 1.0, 2.0]):+.2f}" and rows[3][2] == "+1.38"
     for args, said in (
         (["dfp/cifar10/lenet"], "expected study/dataset/model/method"),
         (["dfp/cifar10/lenet/dfp", "--against", "infobatch"], "lenet/infobatch: no entries"),
