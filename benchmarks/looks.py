@@ -16,7 +16,6 @@ No training: seconds.
 """
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -83,8 +82,7 @@ def main() -> None:
         study, dataset, model, method = config_key(run)[:4]
         if (study, dataset, model) == tuple(parts[:3]):
             accuracy.setdefault(method, {})[run.seed] = run.metrics[measure]
-            info = json.loads((root / run.study / run.name / "run.json").read_text())
-            finished.setdefault(method, {})[run.seed] = info.get("finished_at", "")
+            finished.setdefault(method, {})[run.seed] = run.finished_at
     for method in (parts[3], args.against):
         if method not in accuracy:
             known = ", ".join(sorted(accuracy)) or "none"

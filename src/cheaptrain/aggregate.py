@@ -105,6 +105,7 @@ class Run:
     source: str = "runs"  # runs | ledger
     # run.json's cpu_capability (AVX2, AVX512): two CPUs of one name can differ in it, and a run's speed with them
     cpu_kernels: str = ""
+    finished_at: str = ""  # run.json's, UTC (2026-11-29T08:40:03Z); empty for runs that predate it
 
     @property
     def name(self) -> str:
@@ -143,7 +144,8 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
     numbers = {k: v for k, v in metrics.items() if is_number(v)}
     config, run_id = info.get("config") or {}, info.get("mlflow_run_id") or ""
     device, kernels = info.get("device") or "", info.get("cpu_capability") or ""
-    return Run(study, dataset, model, method, seed, numbers, history, config, run_id, device, cpu_kernels=kernels)
+    return Run(study, dataset, model, method, seed, numbers, history, config, run_id, device, cpu_kernels=kernels,
+               finished_at=info.get("finished_at") or "")  # fmt: skip
 
 
 def run_folder(runs_root: Path, study: str, dataset: str, model: str, method: str, seed: int) -> Path:
@@ -188,8 +190,8 @@ def ledger_runs(root: Path | None = None) -> list[Run]:
         numbers = {k: v for k, v in entry.metrics.items() if is_number(v)}
         key = (config["study"], config["dataset"], config["model"], config["method"], int(config["seed"]))
         run_id, device = entry.info.get("mlflow_run_id") or "", entry.info.get("device") or ""
-        kernels = entry.info.get("cpu_capability") or ""
-        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", cpu_kernels=kernels))
+        kernels, finished = entry.info.get("cpu_capability") or "", entry.info.get("finished_at") or ""
+        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", kernels, finished))
     return runs
 
 
