@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int, run_main
-from cheaptrain.aggregate import BASELINE, accuracy_measures, collapsed, config_key, describe, ledger_runs
+from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, describe, ledger_runs
 from cheaptrain.ledger import ledger_root
 
 
@@ -75,31 +75,28 @@ def main() -> None:
     if parts[0] not in measures:
         raise UserError(f"{parts[0]}: not a study of the ledger; accepted: {', '.join(measures)}")
     measure = measures[parts[0]]
-    runs = [r for r in ledger_runs(root) if not collapsed(r)]
-    accuracy: dict[str, dict[int, float]] = {}
-    finished: dict[str, dict[int, str]] = {}  # run.json's finished_at: when each entry came in
-    for run in runs:
-        study, dataset, model, method = config_key(run)[:4]
-        if (study, dataset, model) == tuple(parts[:3]):
-            accuracy.setdefault(method, {})[run.seed] = run.metrics[measure]
-            finished.setdefault(method, {})[run.seed] = run.finished_at
+    entries: dict[str, dict[int, Run]] = {}  # method -> seed -> its entry, of the configuration's network
+    for run in ledger_runs(root):
+        if config_key(run)[:3] == tuple(parts[:3]) and not collapsed(run):
+            entries.setdefault(config_key(run)[3], {})[run.seed] = run
     for method in (parts[3], args.against):
-        if method not in accuracy:
-            known = ", ".join(sorted(accuracy)) or "none"
+        if method not in entries:
+            known = ", ".join(sorted(entries)) or "none"
             raise UserError(f"{'/'.join(parts[:3])}/{method}: no entries in {root}; its methods there: {known}")
-    ours, theirs = accuracy[parts[3]], accuracy[args.against]
+    ours, theirs = entries[parts[3]], entries[args.against]
     seeds = sorted(ours.keys() & theirs.keys())
-    came_in = {s: max(finished[parts[3]][s], finished[args.against][s]) for s in seeds}
-    if all(came_in.values()):  # in the order each pair became complete, as the report saw them
+    came_in = {s: max(ours[s].finished_at, theirs[s].finished_at) for s in seeds}
+    by_arrival = all(came_in.values())  # every entry says when it finished
+    if by_arrival:  # in the order each pair became complete, as the report saw them
         seeds.sort(key=lambda s: (came_in[s], s))
     if len(seeds) < 3:
         raise UserError(f"{parts[3]} and {args.against} share {len(seeds)} seeds; a t-interval needs 3")
     counts = args.at or list(range(3, len(seeds) + 1))
     if too_many := [k for k in counts if not 3 <= k <= len(seeds)]:
         raise UserError(f"--at {' '.join(map(str, too_many))}: the counts lie in 3-{len(seeds)} (the seeds shared)")
-    differences = [ours[s] - theirs[s] for s in seeds]
+    differences = [ours[s].metrics[measure] - theirs[s].metrics[measure] for s in seeds]
 
-    order = "as their pairs came in" if all(came_in.values()) else "in seed order"
+    order = "as their pairs came in" if by_arrival else "in seed order"
     print(f"{args.configuration} minus {args.against} ({measure}, points) over the first K of their {len(seeds)} "
           f"shared seeds, {order}, in {root}")  # fmt: skip
     print(f"{'K':>3}{'Kth seed':>10}{'mean':>8}  {'95% interval':<18}{'ahead on':>9}  finding")

@@ -153,8 +153,10 @@ def main() -> None:
     print(f"one batch of {subjects[0].size}, CPU, {threads} threads, bias_layers {args.bias_layers}; ms a batch:")
     print(f"{'model':<10}{'batches':>8}{'normal':>9}{'skip':>8}{'forward':>9}{'skip/normal':>13}{'(fastest)':>10}"
           f"{'fwd/normal':>12}{'skip/fwd':>10}  skip <= {TARGET} normal")  # fmt: skip
+    ratios = {}  # skip/normal per model, for the ledger's schedules below
     for s in subjects:
         normal, skip, fwd = (statistics.median(s.times[p]) for p in PHASES)
+        ratios[s.name] = skip / normal
         fastest = min(s.times["skip"]) / min(s.times["normal"])
         verdict = "yes" if skip / normal <= TARGET else "no"
         if verdict == "no" and fwd / normal > TARGET:
@@ -163,8 +165,7 @@ def main() -> None:
               f"{fastest:>10.2f}{fwd / normal:>12.2f}{skip / fwd:>10.2f}  {verdict}")  # fmt: skip
     root = args.ledger or ledger_root()
     if root.is_dir() and args.bias_layers == 1:  # the ledger's runs skip with the default
-        projections({s.name: statistics.median(s.times["skip"]) / statistics.median(s.times["normal"])
-                     for s in subjects}, root)  # fmt: skip
+        projections(ratios, root)
 
 
 if __name__ == "__main__":

@@ -191,7 +191,8 @@ def ledger_runs(root: Path | None = None) -> list[Run]:
         key = (config["study"], config["dataset"], config["model"], config["method"], int(config["seed"]))
         run_id, device = entry.info.get("mlflow_run_id") or "", entry.info.get("device") or ""
         kernels, finished = entry.info.get("cpu_capability") or "", entry.info.get("finished_at") or ""
-        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", kernels, finished))
+        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", cpu_kernels=kernels,
+                        finished_at=finished))  # fmt: skip
     return runs
 
 
