@@ -600,6 +600,28 @@ def test_the_cost_table_compares_the_methods_at_equal_cost_and_says_whether_the_
     assert cost_table(COST_ROWS[:1], {}, 3.0).rows == []
 
 
+def test_the_cost_table_names_the_configurations_it_cannot_place_and_why():
+    """A method trained before its seeds' baselines (or over baselines that ended at chance) has no Δ and no compute
+    saved: the note names it, where it would otherwise leave the table without a word."""
+    waiting = {"study": "dfp", "dataset": "cifar10", "model": "alexnet", "seeds": 2, "acc_measure": "best3_acc"}
+    rows = [
+        *COST_ROWS,
+        waiting | {"method": "dfp", "unpaired_seeds": "0 1"},
+        waiting | {"method": "random_prune", "seeds": 1, "baseline_collapsed_seeds": "0"},
+        waiting | {"method": "baseline", "seeds": 1},
+    ]
+    table = cost_table(rows, IMPLEMENTS, within=3.0)
+    assert len(table.rows) == len(COST_ROWS) - 1  # placed as before, the baseline as ever at no budget
+    assert table.note.splitlines()[-1] == (
+        "- At no budget yet: DFP cifar10/alexnet dfp (no baseline of seeds 0, 1 yet); DFP cifar10/alexnet "
+        "random_prune (the baseline of seed 0 ended at chance)."
+    )
+    alone = cost_table(rows[-3:], {}, 3.0)
+    assert alone.rows == [] and alone.note.startswith("No method with a compute saving and a paired baseline")
+    assert alone.note.splitlines()[-1].startswith("- At no budget yet: DFP cifar10/alexnet dfp (no baseline of seeds")
+    assert not any("At no budget" in line for line in cost_table(COST_ROWS, IMPLEMENTS, 3.0).note.splitlines())
+
+
 def test_a_lead_is_weighed_seed_by_seed_where_the_two_configurations_share_three_seeds():
     """Overlapping intervals, yet the best wins on every seed: paired, its lead is a finding; a lead that varies in
     sign is not; under 3 shared seeds the intervals decide."""

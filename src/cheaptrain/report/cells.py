@@ -52,6 +52,20 @@ def paired_note(row: dict[str, Any], name: str) -> str:
     return f" ({over} of {seeds} seeds)" if over < seeds else ""
 
 
+def missing_figure(row: dict[str, Any], name: str) -> str:
+    """Why a method row lacks the figure `name`: no baseline of its seeds yet, or one that ended at chance (the
+    paired figures), or what its runs did not record."""
+    if row.get("acc_delta_mean") is None:
+        if failed := str(row.get("baseline_collapsed_seeds") or "").split():
+            return f"the baseline of seed{'s' * (len(failed) > 1)} {', '.join(failed)} ended at chance"
+        if unpaired := str(row.get("unpaired_seeds") or "").split():
+            return f"no baseline of seed{'s' * (len(unpaired) > 1)} {', '.join(unpaired)} yet"
+        return "no baseline at this setting"
+    if name == "own_time_saving_pct":
+        return "no per-epoch times"
+    return "not in its runs' metrics"
+
+
 CHEAP_EPOCH_NOTE = (
     "Cheaper epoch: the later epochs that do less than a full epoch's work (DFP's pruned, WUS's skip epochs), their "
     "median seconds and their median work (FLOPs), each as a share of the run's full epoch's; the two are equal where "

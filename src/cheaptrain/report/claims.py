@@ -20,6 +20,7 @@ from cheaptrain.report.cells import (
     cheap_epoch_cell,
     fmt,
     md_table,
+    missing_figure,
     paired_note,
     paired_seeds,
     stat,
@@ -188,18 +189,6 @@ def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str
         "hi": hi, "paper": claim.published, "verdict": verdict, "color": VERDICT_COLORS[verdict],
         "tolerance": agree["acc_points"] if name == "acc_delta" else agree["saving_points"],
     }  # fmt: skip
-
-
-def missing_figure(row: dict[str, Any], name: str) -> str:
-    if row.get("acc_delta_mean") is None:
-        if failed := str(row.get("baseline_collapsed_seeds") or "").split():
-            return f"the baseline of seed{'s' * (len(failed) > 1)} {', '.join(failed)} ended at chance"
-        if unpaired := str(row.get("unpaired_seeds") or "").split():
-            return f"no baseline of seed{'s' * (len(unpaired) > 1)} {', '.join(unpaired)} yet"
-        return "no baseline at this setting"
-    if name == "own_time_saving_pct":
-        return "no per-epoch times"
-    return "not in its runs' metrics"
 
 
 def collapsed_note(failed: list[Run]) -> str:

@@ -8,7 +8,7 @@ from itertools import combinations
 from typing import Any, NamedTuple
 
 from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, row_key
-from cheaptrain.report.cells import Column, Table, paired_note, paper, saving_cell, stat
+from cheaptrain.report.cells import Column, Table, missing_figure, paired_note, paper, saving_cell, stat
 
 COST_NOTE = (
     "Each method at each of its budgets (its named configurations, `methods.<name>.method`), paired by seed with "
@@ -188,6 +188,18 @@ def budget_verdict(
     )
 
 
+def unplaced_text(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -> str:
+    """The method configurations at no budget (not among cost_points), each with why, as missing_figure says it:
+    a method trained before its baseline would otherwise leave the table without a word."""
+    placed = {row_key(r) for r in points}
+    said = [
+        f"{r['study'].upper()} {r['dataset']}/{r['model']} {r['method']} ({missing_figure(r, 'compute_saving_pct')})"
+        for r in summary
+        if r["method"] != BASELINE and row_key(r) not in placed
+    ]
+    return f"At no budget yet: {'; '.join(said)}." if said else ""
+
+
 class TimeSaved(NamedTuple):
     """How a time figure of the cost table and figure is shown."""
 
@@ -233,12 +245,16 @@ def cost_table(
     """The table "accuracy against cost": every method configuration by budget, best first, and in its note one
     verdict per budget (budget_verdict, seed by seed with `accuracies`); its time saving is `time_figure`
     (TIME_SAVED)."""
-    groups = budgets(cost_points(summary, implementations), within)
+    points = cost_points(summary, implementations)
+    groups = budgets(points, within)
     columns = cost_columns(time_figure)
     rows = [[f(r | {"budget": budget_label(g)}) for _, f in columns] for g in groups for r in g]
     note = COST_NOTE.format(within=within, time=TIME_SAVED[time_figure].against)
-    if groups:
-        note += "\n\n" + "\n".join(f"- {budget_verdict(g, accuracies)}" for g in groups)
-    else:
+    lines = [f"- {budget_verdict(g, accuracies)}" for g in groups]
+    if unplaced := unplaced_text(summary, points):
+        lines.append(f"- {unplaced}")
+    if not groups:
         note = f"No method with a compute saving and a paired baseline here yet. {note}"
+    if lines:
+        note += "\n\n" + "\n".join(lines)
     return Table("accuracy_vs_cost", "Accuracy against cost", note, [h for h, _ in columns], rows)
