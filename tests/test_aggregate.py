@@ -613,12 +613,12 @@ def test_the_cost_table_names_the_configurations_it_cannot_place_and_why():
     table = cost_table(rows, IMPLEMENTS, within=3.0)
     assert len(table.rows) == len(COST_ROWS) - 1  # placed as before, the baseline as ever at no budget
     assert table.note.splitlines()[-1] == (
-        "- At no budget yet: DFP cifar10/alexnet dfp (no baseline of seeds 0, 1 yet); DFP cifar10/alexnet "
+        "- At no budget: DFP cifar10/alexnet dfp (no baseline of seeds 0, 1 yet); DFP cifar10/alexnet "
         "random_prune (the baseline of seed 0 ended at chance)."
     )
     alone = cost_table(rows[-3:], {}, 3.0)
     assert alone.rows == [] and alone.note.startswith("No method with a compute saving and a paired baseline")
-    assert alone.note.splitlines()[-1].startswith("- At no budget yet: DFP cifar10/alexnet dfp (no baseline of seeds")
+    assert alone.note.splitlines()[-1].startswith("- At no budget: DFP cifar10/alexnet dfp (no baseline of seeds")
     assert not any("At no budget" in line for line in cost_table(COST_ROWS, IMPLEMENTS, 3.0).note.splitlines())
 
 

@@ -197,7 +197,7 @@ def unplaced_text(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -
         for r in summary
         if r["method"] != BASELINE and row_key(r) not in placed
     ]
-    return f"At no budget yet: {'; '.join(said)}." if said else ""
+    return f"At no budget: {'; '.join(said)}." if said else ""
 
 
 class TimeSaved(NamedTuple):
