@@ -7,7 +7,7 @@ Each seed's accuracy difference between the configuration and the one --against 
 accuracy Δ), by the study's paper's measure (the report's default), over the seeds both have (runs that ended at chance
 left out, as the report leaves them out), in the order the pairs became complete (the later `finished_at` of the two
 entries' run.json; seed order where an entry lacks it). Printed for the first K of those seeds, for each K of --at
-(default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `aggregate.describe`), the
+(default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `equal_cost.Paired`), the
 seeds it is ahead on, and whether the interval excludes 0 (the report's finding). A comparison looked at after each
 batch of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of
 the time when nothing is there: last, for all the seeds, the interval widened for --looks looks (default: the number
@@ -24,8 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int, run_main
-from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, describe, ledger_runs
+from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, ledger_runs
 from cheaptrain.ledger import ledger_root
+from cheaptrain.report.equal_cost import Paired
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -101,13 +102,11 @@ def main() -> None:
           f"shared seeds, {order}, in {root}")  # fmt: skip
     print(f"{'K':>3}{'Kth seed':>10}{'mean':>8}  {'95% interval':<18}{'ahead on':>9}  finding")
     for k in counts:
-        part = differences[:k]
-        mean, _, ci = describe(part)
-        assert ci is not None  # 3+ values
-        ahead = sum(d > 0 for d in part)
+        paired = Paired.of(differences[:k])  # the report's mean, interval and seeds ahead
+        mean, ci = paired.mean, paired.ci
         found = "yes" if mean - ci > 0 or mean + ci < 0 else "no"
         shown = f"[{mean - ci:+.2f}, {mean + ci:+.2f}]"
-        print(f"{k:>3}{seeds[k - 1]:>10}{mean:>+8.2f}  {shown:<18}{ahead:>5} of {k:<3}{found}")
+        print(f"{k:>3}{seeds[k - 1]:>10}{mean:>+8.2f}  {shown:<18}{paired.ahead:>5} of {k:<3}{found}")
     looks = args.looks or (len(args.at) if args.at else None)
     if looks:
         low, high = interval(differences, 1 - 0.05 / looks)

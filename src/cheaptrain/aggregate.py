@@ -142,10 +142,18 @@ def read_run(folder: Path, study: str, dataset: str, model: str, method: str, se
         except ValueError as e:
             raise UserError(f"{folder}/history.csv line {i}: {e}") from e
     numbers = {k: v for k, v in metrics.items() if is_number(v)}
-    config, run_id = info.get("config") or {}, info.get("mlflow_run_id") or ""
-    device, kernels = info.get("device") or "", info.get("cpu_capability") or ""
-    return Run(study, dataset, model, method, seed, numbers, history, config, run_id, device, cpu_kernels=kernels,
-               finished_at=info.get("finished_at") or "")  # fmt: skip
+    return Run(study, dataset, model, method, seed, numbers, history, info.get("config") or {}, **provenance(info))
+
+
+def provenance(info: dict[str, Any]) -> dict[str, str]:
+    """The Run fields that a run.json gives beside the configuration: its MLflow run, and where and when it trained
+    (empty where an older run.json lacks one)."""
+    return {
+        "mlflow_run_id": info.get("mlflow_run_id") or "",
+        "device": info.get("device") or "",
+        "cpu_kernels": info.get("cpu_capability") or "",
+        "finished_at": info.get("finished_at") or "",
+    }
 
 
 def run_folder(runs_root: Path, study: str, dataset: str, model: str, method: str, seed: int) -> Path:
@@ -189,10 +197,7 @@ def ledger_runs(root: Path | None = None) -> list[Run]:
             raise UserError(f"ledger entry {entry.path}: {'; '.join(problems)}; restore it from git")
         numbers = {k: v for k, v in entry.metrics.items() if is_number(v)}
         key = (config["study"], config["dataset"], config["model"], config["method"], int(config["seed"]))
-        run_id, device = entry.info.get("mlflow_run_id") or "", entry.info.get("device") or ""
-        kernels, finished = entry.info.get("cpu_capability") or "", entry.info.get("finished_at") or ""
-        runs.append(Run(*key, numbers, entry.history, config, run_id, device, "ledger", cpu_kernels=kernels,
-                        finished_at=finished))  # fmt: skip
+        runs.append(Run(*key, numbers, entry.history, config, source="ledger", **provenance(entry.info)))
     return runs
 
 

@@ -103,6 +103,14 @@ class Paired(NamedTuple):
     ahead: int  # seeds on which the first is ahead
     level: int  # seeds on which the two are equal
 
+    @classmethod
+    def of(cls, differences: list[float]) -> Paired:
+        """The differences' mean, its 95% t-interval (aggregate.describe) and the seeds ahead and level (3+ values)."""
+        mean, _, ci = describe(differences)
+        assert ci is not None  # 3 or more values
+        ahead, level = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
+        return cls(len(differences), mean, ci, ahead, level)
+
     def interval_text(self) -> str:
         """'+0.60 [+0.10, +1.09]': the mean difference and its 95% t-interval."""
         return f"{self.mean:+.2f} [{self.mean - self.ci:+.2f}, {self.mean + self.ci:+.2f}]"
@@ -120,12 +128,7 @@ def paired_difference(
     seeds in common. Both are paired with the baseline of the same seed, so its noise cancels."""
     ours, theirs = accuracies.get(row_key(first), {}), accuracies.get(row_key(second), {})
     differences = [ours[s] - theirs[s] for s in sorted(ours.keys() & theirs.keys())]
-    if len(differences) < 3:
-        return None
-    mean, _, ci = describe(differences)
-    assert ci is not None  # 3 or more values
-    ahead, level = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
-    return Paired(len(differences), mean, ci, ahead, level)
+    return Paired.of(differences) if len(differences) >= 3 else None
 
 
 def paired_lead(
