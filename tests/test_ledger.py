@@ -295,6 +295,24 @@ def test_the_aggregate_reads_a_recorded_run_as_the_pipeline_wrote_it(repo):
     assert [row["epoch"] for row in run.history] == [1.0, 2.0] and run.history[0]["train_flops"] > 0
 
 
+def test_list_and_the_aggregate_say_when_an_entry_trained_on_several_machines(repo, capsys):
+    train_run(config(), track=False)
+    path = repo / "ledger/dfp/cifar10-lenet-baseline-s7/run.json"
+    info = json.loads(path.read_text())
+    ledger.main(["list"])
+    assert f", 2 epochs, {info['device']}, commit " in capsys.readouterr().out
+    (machine,) = info["machines"]  # resumed after epoch 1 on a CPU of the same name with AVX2 alone
+    path.write_text(json.dumps(info | {"machines": [machine, machine | {"from_epoch": 2, "cpu_capability": "AVX2"}]}))
+    ledger.main(["list"])
+    assert f", 2 epochs, 2 machines, the last {info['device']}, commit " in capsys.readouterr().out
+    (run,) = ledger_runs()
+    assert run.trained_on == (f"{info['device']} with {machine['cpu_capability']} from epoch 1, {info['device']} "
+                              "with AVX2 from epoch 2")  # fmt: skip
+    ledger.main(["import"])
+    (imported,) = mlflow_runs("cifar10-lenet-baseline-s7")
+    assert imported.data.tags["machines"] == run.trained_on
+
+
 _NO_MLFLOW_NOR_DVC = """
 import runpy, sys
 sys.modules["mlflow"] = sys.modules["dvc"] = None  # as on a machine that has PyTorch alone: importing them fails

@@ -32,7 +32,7 @@ from cheaptrain.config import RunConfig, resolve_run, validate_grid
 from cheaptrain.methods import METHODS
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import checkpoint_path, train_run
-from cheaptrain.tracking import RunTracker
+from cheaptrain.tracking import RunTracker, machines_text
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
 
 from conftest import (
@@ -559,6 +559,51 @@ def test_a_run_killed_in_its_first_epoch_continues_the_same_mlflow_run(workdir, 
     assert in_process_results(final, workdir) == expected
     run = only_run(store_of(workdir))
     assert run.info.status == "FINISHED" and run.data.tags["resumed_after_epochs"] == "0"
+
+
+@pytest.mark.parametrize("resumed_on", ["this machine", "another machine", "a checkpoint without the record"])
+def test_run_json_names_each_machine_a_run_trained_on_from_its_first_epoch(workdir, monkeypatch, expected, resumed_on):
+    """A run resumed on a CPU with other vector instructions (or another GPU) trains on as before, and run.json says
+    where each epoch trained: its times mix two machines' (`aggregate.machine_difference`)."""
+    crash_at_log_of(3, monkeypatch)  # epochs 1-3 checkpointed here
+    here = runner.machine_here("cpu")
+    assert here == {"device": runner.device_name("cpu"), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    machines = [{"from_epoch": 1, **here}]
+    if resumed_on == "another machine":
+        elsewhere = here | {"cpu_capability": "AVX2_ELSEWHERE"}
+        monkeypatch.setattr(runner, "machine_here", lambda device: elsewhere)
+        machines.append({"from_epoch": 4, **elsewhere})
+        (line,) = runner.runs_under_way("cpu")  # `python stages/train.py --running` says so before it resumes
+        assert line.endswith(f"stopped: the command that started it resumes it, here on another machine than its last "
+                             f"({here['device']} with {here['cpu_capability']}; here {here['device']} with "
+                             "AVX2_ELSEWHERE): its time will pair with no baseline's")  # fmt: skip
+    elif resumed_on == "this machine":
+        (line,) = runner.runs_under_way("cpu")
+        assert line.endswith("stopped: the command that started it resumes it")
+    elif resumed_on == "a checkpoint without the record":  # written before run.json named machines
+        state = torch.load(checkpoint_path(config()), weights_only=False)
+        del state["machines"]
+        torch.save(state, checkpoint_path(config()))
+        machines = [{"from_epoch": 1, "device": "unrecorded", "cpu_capability": ""}, {"from_epoch": 4, **here}]
+    final = train_run(config())
+    assert in_process_results(final, workdir) == expected
+    info = json.loads((workdir / "runs" / "dfp" / NAME / "run.json").read_text())
+    assert info["machines"] == machines
+    assert (info["device"], info["cpu_capability"]) == (machines[-1]["device"], machines[-1]["cpu_capability"])
+    tags = only_run(store_of(workdir)).data.tags  # the MLflow run: its first machine's tags, and the rest where any
+    assert (tags["device"], tags["cpu_capability"]) == (here["device"], here["cpu_capability"])
+    assert tags.get("machines") == (machines_text(machines) or None)
+
+
+def test_an_attempt_that_checkpointed_no_epoch_is_not_a_machine_of_the_run():
+    here, there = {"device": "cpu: A x2", "cpu_capability": "AVX2"}, {"device": "cpu: A x2", "cpu_capability": "AVX512"}
+    assert runner.machines_of(None, here) == [{"from_epoch": 1, **here}]
+    crashed_in_epoch_1 = {"history": [], "machines": [{"from_epoch": 1, **there}]}
+    assert runner.machines_of(crashed_in_epoch_1, here) == [{"from_epoch": 1, **here}]
+    gpu = {"device": "NVIDIA H200", "cpu_capability": "AVX512"}
+    after_2 = {"history": [{}, {}], "machines": [{"from_epoch": 1, **there}, {"from_epoch": 3, **gpu}]}
+    assert runner.machines_of(after_2, here) == [{"from_epoch": 1, **there}, {"from_epoch": 3, **here}]
+    assert runner.machines_of(after_2, there) == [{"from_epoch": 1, **there}]  # back where it trained
 
 
 def test_resuming_without_the_methods_state_would_not_match(workdir, monkeypatch, expected):

@@ -113,13 +113,25 @@ def test_an_entry_whose_cpu_used_other_vector_instructions_is_replayed_with_a_ca
     run_json = entry(repo, "baseline") / "run.json"
     info = json.loads(run_json.read_text())
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    run_json.write_text(json.dumps(info | {"cpu_capability": "AVX512_FAKE"}))
+    (machine,) = info["machines"]
+    assert machine == {"from_epoch": 1, "device": info["device"], "cpu_capability": info["cpu_capability"]}
+    fake = {"cpu_capability": "AVX512_FAKE"}
+    run_json.write_text(json.dumps(info | fake | {"machines": [machine | fake]}))
     replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
     line = capsys.readouterr().out.splitlines()[0]
     here = torch.backends.cpu.get_cpu_capability()
     assert line.endswith(f"identical; recorded with AVX512_FAKE kernels, replayed with {here}: they may round "
                          "differently")  # fmt: skip
-    run_json.write_text(json.dumps({k: v for k, v in info.items() if k != "cpu_capability"}))  # an older entry
+    # resumed after epoch 1 on a CPU with other kernels: its first epoch replays as before, its second with a caveat
+    run_json.write_text(json.dumps(info | fake | {"machines": [machine, machine | fake | {"from_epoch": 2}]}))
+    replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
+    assert capsys.readouterr().out.splitlines()[0].endswith("epochs 1-1: identical")
+    replay.main([str(entry(repo, "baseline")), "--epochs", "2"])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith(f"identical; epochs from 2 trained on {info['device']} with AVX512_FAKE kernels: they may "
+                         "round differently")  # fmt: skip
+    older = {k: v for k, v in info.items() if k not in ("cpu_capability", "machines")}  # an older entry
+    run_json.write_text(json.dumps(older))
     replay.main([str(entry(repo, "baseline")), "--epochs", "1"])
     line = capsys.readouterr().out.splitlines()[0]
     assert line.endswith(f"identical; the entry does not say which vector instructions its kernels used (here "

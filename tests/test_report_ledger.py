@@ -355,6 +355,30 @@ def test_a_time_saving_is_only_paired_on_cpus_with_the_same_vector_instructions(
     assert "time_saving_pct_mean" in dfp_row(gpu | {"cpu_capability": "AVX512"}, gpu | {"cpu_capability": "AVX2"})
 
 
+def test_a_run_resumed_on_another_machine_is_paired_on_time_with_no_baseline(tmp_path):
+    """A run that went on after a crash on a CPU with other vector instructions (run.json's `machines`) mixes two
+    machines' seconds: neither it nor a run against it as the baseline is paired on time; its accuracy still is."""
+    paths = {m: write_entry(tmp_path, "dfp", "lenet", m, 0) / "run.json" for m in ("baseline", "dfp")}
+    here = {"device": DEVICE, "cpu_capability": "AVX512"}
+    two = [{"from_epoch": 1, **here}, {"from_epoch": 57, "device": DEVICE, "cpu_capability": "AVX2"}]
+    text = f"{DEVICE} with AVX512 from epoch 1, {DEVICE} with AVX2 from epoch 57"
+
+    def dfp_row(baseline: list, dfp: list) -> dict:
+        for method, machines in (("baseline", baseline), ("dfp", dfp)):
+            info = json.loads(paths[method].read_text())
+            paths[method].write_text(json.dumps(info | here | {"machines": machines}))
+        (row,) = [r for r in summarize(ledger_runs(tmp_path), {}) if r["method"] == "dfp"]
+        return row
+
+    row = dfp_row([two[0]], two)
+    assert "time_saving_pct_mean" not in row and "acc_delta_mean" in row and "own_time_saving_pct_mean" in row
+    assert row["time_unpaired"] == f"seed 0 trained on several machines ({text})"
+    row = dfp_row(two, [two[0]])
+    assert row["time_unpaired"] == f"seed 0's baseline trained on several machines ({text})"
+    assert "time_saving_pct_mean" in dfp_row([two[0]], [two[0]])  # one machine each, the same
+    assert "time_saving_pct_mean" in dfp_row([two[0]], [])  # an older run.json says nothing
+
+
 def test_a_time_saving_is_only_paired_on_the_same_cpu_threads_and_the_report_says_why_not(tmp_path):
     for seed in (0, 1):
         write_entry(tmp_path, "wus", "lenet", "baseline", seed)

@@ -36,6 +36,7 @@ from cheaptrain import UserError, is_number
 from cheaptrain.config import DATASETS
 from cheaptrain.ledger import entries, grid_runs
 from cheaptrain.timing import paired_saving, run_time, seed_interval
+from cheaptrain.tracking import machines_text
 
 KEY = ("study", "dataset", "model", "method")
 SOURCES = ("runs", "ledger")  # where a configuration's runs were read from: the grid's folder, the results ledger
@@ -106,6 +107,7 @@ class Run:
     # run.json's cpu_capability (AVX2, AVX512): two CPUs of one name can differ in it, and a run's speed with them
     cpu_kernels: str = ""
     finished_at: str = ""  # run.json's, UTC (2026-11-29T08:40:03Z); empty for runs that predate it
+    trained_on: str = ""  # the machines of a run resumed on another (`machines_text`); empty for one machine
 
     @property
     def name(self) -> str:
@@ -153,6 +155,7 @@ def provenance(info: dict[str, Any]) -> dict[str, str]:
         "device": info.get("device") or "",
         "cpu_kernels": info.get("cpu_capability") or "",
         "finished_at": info.get("finished_at") or "",
+        "trained_on": machines_text(info.get("machines")),
     }
 
 
@@ -352,7 +355,11 @@ def _order(run: Run) -> tuple:
 
 def machine_difference(run: Run, baseline: Run) -> str:
     """How a run and its baseline trained on different machines (device, CPU threads, a CPU's vector instructions),
-    whose wall-clock times therefore do not compare; '' where they trained alike or a run does not say."""
+    whose wall-clock times therefore do not compare; '' where they trained alike or a run does not say. A run resumed
+    on another machine compares with none."""
+    for whose, one in (("", run), ("'s baseline", baseline)):
+        if one.trained_on:
+            return f"seed {run.seed}{whose} trained on several machines ({one.trained_on})"
     if run.device and baseline.device and run.device != baseline.device:
         return f"seed {run.seed} on {run.device}, its baseline on {baseline.device}"
     on_cpu = run.device.startswith("cpu") and baseline.device.startswith("cpu")

@@ -42,7 +42,7 @@ from typing import Any
 from cheaptrain import UserError, atomic_write, run_main
 from cheaptrain.config import RunConfig
 from cheaptrain.papers import paper_setting
-from cheaptrain.tracking import project_root
+from cheaptrain.tracking import machines_text, project_root
 
 FILES = ("run.json", "metrics.json", "history.csv")
 INDEX = "metrics.json"
@@ -290,6 +290,8 @@ def import_entry(entry: Entry) -> tuple[str, bool]:
         "torch_version": info.get("torch_version", ""),
         "trained_mlflow_run_id": info.get("mlflow_run_id", ""),
     }
+    if trained_on := machines_text(info.get("machines")):  # resumed on another machine, as the live run's tag says
+        tags["machines"] = trained_on
     run = client.create_run(experiment_id, run_name=entry.name, tags=tags)
     run_id = run.info.run_id
     params = [(k, str(v)) for k, v in flatten(info["config"]).items()]
@@ -335,8 +337,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "list":
         for entry in found:
             m, i = entry.metrics, entry.info
+            where = i.get("device")
+            if isinstance(machines := i.get("machines"), list) and len(machines) > 1:  # resumed on another machine
+                where = f"{len(machines)} machines, the last {where}"
             print(f"{entry.study}/{entry.name}: final {m.get('final_acc', float('nan')):.2f}%, best-3 "
-                  f"{m.get('best3_acc', float('nan')):.2f}%, {int(m.get('epochs', 0))} epochs, {i.get('device')}, "
+                  f"{m.get('best3_acc', float('nan')):.2f}%, {int(m.get('epochs', 0))} epochs, {where}, "
                   f"commit {str(i.get('git_commit'))[:10]}")  # fmt: skip
         print(f"{len(found)} entries in {ledger_root()}")
     else:

@@ -142,10 +142,11 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
             f"run {command} for the data the ledger's entries trained on"
         )
     caveats = []
-    recorded, here = str(entry.info.get("device", "cpu")), device_name("cpu")
+    first = (entry.info.get("machines") or [entry.info])[0]  # where the epochs replayed trained
+    recorded, here = str(first.get("device", "cpu")), device_name("cpu")
     if recorded.rsplit(" x", 1)[0] != here.rsplit(" x", 1)[0]:  # the model, not the core count
         caveats.append(f"recorded on {recorded}, replayed on {here}: another kind of CPU may round differently")
-    elif (isa := entry.info.get("cpu_capability")) != (isa_here := torch.backends.cpu.get_cpu_capability()):
+    elif (isa := first.get("cpu_capability")) != (isa_here := torch.backends.cpu.get_cpu_capability()):
         caveats.append(
             f"recorded with {isa} kernels, replayed with {isa_here}: they may round differently"
             if isa
@@ -157,6 +158,10 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
     if (version := entry.info.get("torch_version")) != torch.__version__:
         caveats.append(f"recorded with torch {version}, replayed with {torch.__version__}: it may compute differently")
     epochs = min(epochs or default_epochs(entry.history), len(entry.history))
+    for machine in (entry.info.get("machines") or [])[1:]:  # resumed on another machine, within the epochs replayed
+        if machine.get("from_epoch", epochs + 1) <= epochs:
+            caveats.append(f"epochs from {machine['from_epoch']} trained on {machine.get('device')} with "
+                           f"{machine.get('cpu_capability')} kernels: they may round differently")  # fmt: skip
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(int(cfg.threads))
     try:

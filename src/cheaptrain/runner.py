@@ -12,8 +12,10 @@ run, which receives each epoch exactly once. An epoch is logged once its checkpo
 ahead of it; the checkpoint is deleted when the run completes, and when the run fails before its first epoch. A
 checkpoint resumes only the run that wrote it: the file name carries the configuration's fingerprint, and one written by
 other training code, from other prepared data or on another kind of device is discarded (with a warning), as is an
-unreadable one. Of several processes training the same configuration at once, only the first uses the checkpoint (a lock
-file beside it).
+unreadable one. A run resumed on another machine of that kind (another GPU, a CPU of other vector instructions) goes on,
+and run.json's `machines` lists each machine with the first epoch it trained: its times against another run's do not
+compare (`aggregate.machine_difference`). Of several processes training the same configuration at once, only the
+first uses the checkpoint (a lock file beside it).
 
 With params `train.ledger: record` a finished run is also kept in the results ledger (ledger.py), and a run whose
 ledger entry matches is not trained again.
@@ -149,6 +151,25 @@ def identity(cfg: RunConfig) -> dict[str, str]:
     }
 
 
+def machine_here(device: str) -> dict[str, str]:
+    """What this attempt of a run trains on: the device's name, and the vector instructions of torch's CPU kernels (two
+    CPUs of one name may differ in them, and in speed with them)."""
+    return {"device": device_name(device), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def machines_of(resume: dict[str, Any] | None, here: dict[str, str]) -> list[dict[str, Any]]:
+    """The machines a run trains on, each with the first epoch it trained there: those of the checkpoint's epochs, and
+    this attempt's where it differs from the last. Epochs of a checkpoint that does not record them are 'unrecorded'."""
+    done = len(resume["history"]) if resume else 0
+    earlier = resume.get("machines") if resume else None
+    if earlier is None:
+        earlier = [{"from_epoch": 1, "device": "unrecorded", "cpu_capability": ""}] if done else []
+    machines = [m for m in earlier if m["from_epoch"] <= done]  # an attempt that checkpointed no epoch trained none
+    if not machines or any(machines[-1].get(k) != v for k, v in here.items()):
+        machines.append({"from_epoch": done + 1, **here})
+    return machines
+
+
 def cpu_threads(setting: int | str, share: int = 1) -> int:
     """The CPU threads this process trains with: `setting`, or for "auto" its fair share of the cores among the
     trainings of this repository running now (each holds a lock under checkpoints/, this one included) and the
@@ -213,9 +234,18 @@ def runs_under_way(device: str = "auto") -> list[str]:
         elif problem:
             what = f"stopped, would start afresh: {problem} than here"
         else:
-            what = "stopped: the command that started it resumes it"
+            what = "stopped: the command that started it resumes it" + elsewhere(state, machine_here(device))
         lines.append(f"{name}: {done}{acc}, written {written}, {what}")
     return lines
+
+
+def elsewhere(state: dict[str, Any], here: dict[str, str]) -> str:
+    """', here on another machine ...' where the checkpoint's last epochs trained on another machine than this."""
+    last = (state.get("machines") or [{}])[-1]
+    if not last or all(last.get(k) == v for k, v in here.items()):
+        return ""
+    return (f", here on another machine than its last ({last.get('device')} with {last.get('cpu_capability')}; "
+            f"here {here['device']} with {here['cpu_capability']}): its time will pair with no baseline's")  # fmt: skip
 
 
 def digest_here(data_dir: Path) -> str | None:
@@ -287,7 +317,7 @@ class NoTracker:
     def start(self, *args: Any, **kwargs: Any) -> int:
         return 0
 
-    def note_resume(self, epoch: int) -> None: ...
+    def note_resume(self, epoch: int, machines: list[dict[str, Any]]) -> None: ...
 
     def log_epoch(self, row: dict[str, Any]) -> None: ...
 
@@ -321,6 +351,7 @@ class Recorder:
         self.started = time.perf_counter()
         self.wall_before = resume["wall_s"] if resume else 0.0  # earlier attempts, up to their last checkpoint
         self.done = len(resume["history"]) if resume else 0  # epochs checkpointed: on disk
+        self.machines = machines_of(resume, machine_here(cfg.device))
         self.writing: tuple[Future, int] | None = None  # the checkpoint being written, and its epochs
         self.history: list[dict[str, Any]] = []  # the epochs so far, as the last epoch's end saw them
         self.logged = logged  # epochs the store holds
@@ -330,7 +361,7 @@ class Recorder:
 
     def checkpoint(self, state: dict[str, Any]) -> bytes:
         meta = {"identity": self.identity, "run_id": self.tracker.run_id, "wall_s": self.wall_s(),
-                "epochs": self.cfg.recipe.epochs}  # fmt: skip
+                "epochs": self.cfg.recipe.epochs, "machines": self.machines}  # fmt: skip
         return checkpoint_bytes(state | meta)
 
     def save(self, state: dict[str, Any]) -> None:
@@ -419,8 +450,11 @@ def open_tracker(study: str, track: bool) -> RunTracker | NoTracker:
     return RunTracker(study)
 
 
-def run_info(cfg: RunConfig, run_id: str | None, data_digest: str, history: list[dict[str, Any]]) -> dict[str, Any]:
-    """run.json: the configuration and everything needed to tell where the results came from."""
+def run_info(
+    cfg: RunConfig, run_id: str | None, data_digest: str, history: list[dict[str, Any]], machines: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """run.json: the configuration and everything needed to tell where the results came from. `device` and
+    `cpu_capability` are the last attempt's; `machines`, each machine the run trained on from which epoch."""
     return {
         "name": cfg.name,
         "config": cfg.to_dict(),
@@ -428,12 +462,13 @@ def run_info(cfg: RunConfig, run_id: str | None, data_digest: str, history: list
         "code_version": run_code_version(cfg),
         "git_commit": git_commit(),
         "data_digest": data_digest,
-        "device": device_name(cfg.device),
+        "device": machines[-1]["device"],
         # the vector instructions torch's CPU kernels use: CPUs of one name may differ in them, and round differently
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_capability": machines[-1]["cpu_capability"],
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "threads": sorted({row.get("threads") for row in history if row.get("threads")}),
+        "machines": machines,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -467,7 +502,7 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         if resume and processes.main:
             print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), MLflow run {tracker.run_id}",
                   file=sys.stderr)  # fmt: skip
-            tracker.note_resume(recorder.done)
+            tracker.note_resume(recorder.done, recorder.machines)
             recorder.log_missing(resume["history"])
         else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
             recorder.save({"history": []})
@@ -486,7 +521,8 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
             if not processes.main:
                 return final
             # in the try: a run whose outputs, entry or store fail ends FAILED, not RUNNING
-            write_outputs(cfg.out_dir, history, final, run_info(cfg, tracker.run_id, ident["data"], history))
+            info = run_info(cfg, tracker.run_id, ident["data"], history, recorder.machines)
+            write_outputs(cfg.out_dir, history, final, info)
             if cfg.ledger in ("record", "retrain"):
                 ledger_.record(cfg.out_dir, cfg, tracker.run_id)
             tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])

@@ -431,11 +431,14 @@ class RunTracker:
                 log_dataset(client, self.run_id, dataset)
             return 0
 
-    def note_resume(self, epoch: int) -> None:
-        """Record on the run each epoch it was resumed after (tag `resumed_after_epochs`, e.g. "2,5")."""
+    def note_resume(self, epoch: int, machines: list[dict[str, Any]]) -> None:
+        """Record on the run each epoch it was resumed after (tag `resumed_after_epochs`, e.g. "2,5"), and the
+        machines it trained on once it is resumed on another (tag `machines`, `machines_text`)."""
         previous = self.mlflow.MlflowClient().get_run(self.run_id).data.tags.get("resumed_after_epochs")
         with INTERRUPTS.held_back():
             self.mlflow.set_tag("resumed_after_epochs", f"{previous},{epoch}" if previous else str(epoch))
+            if text := machines_text(machines):
+                self.mlflow.set_tag("machines", text)
 
     def log_epoch(self, row: dict[str, Any]) -> None:
         """One epoch's metrics in one batch: the store holds all of an epoch or none of it. The epoch is already
@@ -500,6 +503,18 @@ def stage_tags() -> dict[str, str]:
         "dvc_stage": os.environ.get("DVC_STAGE", ""),
         "dvc_exp": os.environ.get("DVC_EXP_NAME", ""),
     }
+
+
+def machines_text(machines: Any) -> str:
+    """run.json's `machines` in words where a run trained on several ('cpu: AMD EPYC x2 with AVX512 from epoch 1, cpu:
+    AMD EPYC x2 with AVX2 from epoch 57'); '' for one machine, or a run.json that predates the record."""
+    if not isinstance(machines, list) or len(machines) < 2:
+        return ""
+    parts = []
+    for machine in (m if isinstance(m, dict) else {} for m in machines):
+        kernels = f" with {machine.get('cpu_capability')}" if machine.get("cpu_capability") else ""
+        parts.append(f"{machine.get('device') or 'an unnamed device'}{kernels} from epoch {machine.get('from_epoch')}")
+    return ", ".join(parts)
 
 
 def run_tags(study: str, device: str) -> dict[str, str]:
