@@ -32,7 +32,7 @@ from cheaptrain.config import RunConfig, resolve_run, validate_grid
 from cheaptrain.methods import METHODS
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import checkpoint_path, train_run
-from cheaptrain.tracking import RunTracker, machines_text
+from cheaptrain.tracking import RunTracker, device_name, machines_text
 from cheaptrain.trainer import TrainingDiverged, final_metrics, fit
 
 from conftest import (
@@ -567,7 +567,7 @@ def test_run_json_names_each_machine_a_run_trained_on_from_its_first_epoch(workd
     where each epoch trained: its times mix two machines' (`aggregate.machine_difference`)."""
     crash_at_log_of(3, monkeypatch)  # epochs 1-3 checkpointed here
     here = runner.machine_here("cpu")
-    assert here == {"device": runner.device_name("cpu"), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    assert here == {"device": device_name("cpu"), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     machines = [{"from_epoch": 1, **here}]
     if resumed_on == "another machine":
         elsewhere = here | {"cpu_capability": "AVX2_ELSEWHERE"}

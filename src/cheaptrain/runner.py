@@ -53,8 +53,8 @@ from cheaptrain.methods import METHODS, create_method, implementation
 from cheaptrain.tracking import (
     RunTracker,
     dataset_ref,
-    device_name,
     git_commit,
+    machine_here,
     mlflow_installed,
     project_root,
     run_tags,
@@ -151,10 +151,9 @@ def identity(cfg: RunConfig) -> dict[str, str]:
     }
 
 
-def machine_here(device: str) -> dict[str, str]:
-    """What this attempt of a run trains on: the device's name, and the vector instructions of torch's CPU kernels (two
-    CPUs of one name may differ in them, and in speed with them)."""
-    return {"device": device_name(device), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+def same_machine(recorded: dict[str, Any], here: dict[str, str]) -> bool:
+    """Whether a recorded machine (a checkpoint's, run.json's `machines`) is `machine_here`'s."""
+    return all(recorded.get(k) == v for k, v in here.items())
 
 
 def machines_of(resume: dict[str, Any] | None, here: dict[str, str]) -> list[dict[str, Any]]:
@@ -165,7 +164,7 @@ def machines_of(resume: dict[str, Any] | None, here: dict[str, str]) -> list[dic
     if earlier is None:
         earlier = [{"from_epoch": 1, "device": "unrecorded", "cpu_capability": ""}] if done else []
     machines = [m for m in earlier if m["from_epoch"] <= done]  # an attempt that checkpointed no epoch trained none
-    if not machines or any(machines[-1].get(k) != v for k, v in here.items()):
+    if not machines or not same_machine(machines[-1], here):
         machines.append({"from_epoch": done + 1, **here})
     return machines
 
@@ -242,7 +241,7 @@ def runs_under_way(device: str = "auto") -> list[str]:
 def elsewhere(state: dict[str, Any], here: dict[str, str]) -> str:
     """', here on another machine ...' where the checkpoint's last epochs trained on another machine than this."""
     last = (state.get("machines") or [{}])[-1]
-    if not last or all(last.get(k) == v for k, v in here.items()):
+    if not last or same_machine(last, here):
         return ""
     return (f", here on another machine than its last ({last.get('device')} with {last.get('cpu_capability')}; "
             f"here {here['device']} with {here['cpu_capability']}): its time will pair with no baseline's")  # fmt: skip

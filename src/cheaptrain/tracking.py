@@ -517,16 +517,18 @@ def machines_text(machines: Any) -> str:
     return ", ".join(parts)
 
 
+def machine_here(device: str) -> dict[str, str]:
+    """What a run trains on here: the device's name, and the vector instructions of torch's CPU kernels (two CPUs of
+    one name may differ in them, and round differently and run at other speeds with them)."""
+    import torch
+
+    return {"device": device_name(device), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def run_tags(study: str, device: str) -> dict[str, str]:
     import torch
 
-    return {
-        "study": study,
-        **stage_tags(),
-        "device": device_name(device),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # CPUs of one name may round differently
-        "torch_version": torch.__version__,
-    }
+    return {"study": study, **stage_tags(), **machine_here(device), "torch_version": torch.__version__}
 
 
 # --- the runs of the other stages --------------------------------------------------------------------------
