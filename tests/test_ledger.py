@@ -272,6 +272,8 @@ def test_a_failure_after_training_marks_the_mlflow_run_failed_and_the_rerun_fini
         ("run.json", lambda i: i | {"config": {}}, "run.json config lacks study or it is not a string"),
         ("run.json", lambda i: i | {"config": i["config"] | {"study": ["dfp"]}}, "config lacks study or it is not"),
         ("run.json", lambda i: i | {"name": 7}, "run.json name is not a string"),
+        ("run.json", lambda i: i | {"machines": "cpu"}, "run.json machines is not a list of mappings, each with its"),
+        ("run.json", lambda i: i | {"machines": [{"device": "cpu"}]}, "machines is not a list of mappings, each with"),
     ],
 )
 @pytest.mark.parametrize("command", ["list", "index", "import"])

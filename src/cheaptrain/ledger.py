@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cheaptrain import UserError, atomic_write, run_main
+from cheaptrain import UserError, atomic_write, is_int, run_main
 from cheaptrain.config import RunConfig
 from cheaptrain.papers import paper_setting
 from cheaptrain.tracking import machines_text, project_root
@@ -108,6 +108,9 @@ def entry_problems(info: dict[str, Any], metrics: Any) -> list[str]:
             for key in ("study", "dataset", "model", "method")
             if not isinstance(config.get(key), str)
         ]
+    machines = info.get("machines", [])  # older entries lack it
+    if not isinstance(machines, list) or not all(isinstance(m, dict) and is_int(m.get("from_epoch")) for m in machines):
+        problems.append("run.json machines is not a list of mappings, each with its from_epoch")
     if not isinstance(metrics, dict):
         return [*problems, "metrics.json is not a mapping"]
     return problems + [
