@@ -32,8 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import UserError, positive_int, run_main
+from cheaptrain import UserError, positive_int
 from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, ledger_runs, machine_difference, pair_key
+from cheaptrain.cli import run_command
 from cheaptrain.ledger import ledger_root
 from cheaptrain.timing import RunTime, paired_saving, run_time
 
@@ -177,4 +178,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

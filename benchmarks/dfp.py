@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check's device c
 
 from gpu_check import checked_device
 
-from cheaptrain import positive_int, run_main
+from cheaptrain import positive_int
+from cheaptrain.cli import run_command
 from cheaptrain.config import load_params, resolve_run
 from cheaptrain.data import Split, load_split
 from cheaptrain.methods import Method, create_method
@@ -158,5 +159,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    run_main(main)
+    run_command(main)
     print(f"({time.perf_counter() - started:.0f} s)")

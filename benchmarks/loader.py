@@ -43,7 +43,8 @@ from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import positive_int, run_main
+from cheaptrain import positive_int
+from cheaptrain.cli import run_command
 from cheaptrain.config import RunConfig, load_params, resolve_run
 from cheaptrain.data import channel_stats, load_split
 from cheaptrain.methods import Method
@@ -207,4 +208,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

@@ -23,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import UserError, positive_int, run_main
+from cheaptrain import UserError, positive_int
 from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, ledger_runs
+from cheaptrain.cli import run_command
 from cheaptrain.ledger import ledger_root
 from cheaptrain.report.equal_cost import Paired
 
@@ -116,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import UserError, positive_int, run_main
+from cheaptrain import UserError, positive_int
+from cheaptrain.cli import run_command
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = (("dfp", "baseline"), ("dfp", "dfp"), ("wus", "baseline"), ("wus", "wus"))
@@ -186,4 +187,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

@@ -38,8 +38,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import positive_int, run_main
+from cheaptrain import positive_int
 from cheaptrain.aggregate import BASELINE, collapsed, ledger_runs
+from cheaptrain.cli import run_command
 from cheaptrain.config import load_params, resolve_run
 from cheaptrain.data import Split
 from cheaptrain.ledger import ledger_root
@@ -169,4 +170,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

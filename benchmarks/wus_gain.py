@@ -24,8 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cheaptrain import UserError, positive_int, run_main
+from cheaptrain import UserError, positive_int
 from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, ledger_runs, pair_key
+from cheaptrain.cli import run_command
 from cheaptrain.ledger import ledger_root
 
 STUDY = "wus"
@@ -100,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

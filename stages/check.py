@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
 
-from cheaptrain import UserError, atomic_write, run_main
+from cheaptrain import UserError, atomic_write
+from cheaptrain.cli import run_command
 
 
 def write(path: Path, data: bytes) -> None:
@@ -79,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

@@ -17,7 +17,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's code, also in DVC's temp copies
 
-from cheaptrain import UserError, run_main
+from cheaptrain import UserError
+from cheaptrain.cli import run_command
 
 
 def download_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
@@ -73,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

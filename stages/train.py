@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this che
 # slows training several-fold (benchmarks/noise.py). Set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from cheaptrain import UserError, run_main
+from cheaptrain import UserError
+from cheaptrain.cli import run_command
 from cheaptrain.config import read_yaml
 
 # where -S may create a mapping that params lack ("*": any name): a model's recipe settings or arguments, a method's
@@ -207,4 +208,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

@@ -1,5 +1,5 @@
 """The package as a whole: its modules import without a cycle, each DVC stage depends on exactly the code it
-imports, and the root's small helpers behave."""
+imports, the entry points end as a command line should, and the root's small helpers behave."""
 
 import argparse
 import ast
@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from cheaptrain import atomic_write, positive_int
+from cheaptrain.cli import CUT_SHORT
 from cheaptrain.runner import code_version, imported_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,3 +141,64 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_pat
     with pytest.raises(TypeError):
         atomic_write(path, 12)  # type: ignore[arg-type]  # fails while writing
     assert path.read_text() == "{}\n" and [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def run_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """`python *args` in the repo, its standard output a pipe whose reader has already gone (`... | head` once head
+    has its lines): its first write breaks, however little it prints. Buffered, as in a shell without
+    PYTHONUNBUFFERED: a short output breaks at the flush after main() returns, a long one at a print."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    try:
+        return subprocess.run(
+            [sys.executable, *args], stdout=writer, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
+        )
+    finally:
+        os.close(writer)
+
+
+PRINTS_A_LINE = """
+import sys
+sys.path.insert(0, "src")
+from cheaptrain.cli import run_command
+run_command(lambda: print("best-3 78.17%"))
+"""
+
+
+@pytest.mark.parametrize(
+    "args, status",
+    [
+        (["-m", "cheaptrain.ledger", "list"], CUT_SHORT),  # the committed entries, a line each: more than a buffer
+        (["-c", PRINTS_A_LINE], CUT_SHORT),  # a line that stays in the buffer until main() returns
+        (["stages/aggregate.py", "--help"], 0),  # argparse's exit: its status stays
+    ],
+)
+def test_output_cut_short_by_its_reader_ends_quietly_as_a_unix_tools_does(args, status):
+    done = run_into_a_closed_pipe(*args)
+    assert (done.returncode, done.stderr) == (status, "")
+
+
+RAISES_A_BROKEN_PIPE = """
+import sys
+sys.path.insert(0, "src")
+from cheaptrain.cli import run_command
+def main():
+    print("training")
+    raise BrokenPipeError(32, "a child process's pipe")
+run_command(main)
+"""
+
+
+def test_a_broken_pipe_that_is_not_standard_outputs_stays_an_error_with_its_traceback():
+    done = subprocess.run([sys.executable, "-c", RAISES_A_BROKEN_PIPE], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 1 and done.stdout == "training\n"
+    assert "Traceback" in done.stderr and "a child process's pipe" in done.stderr
+    done = run_into_a_closed_pipe("-c", RAISES_A_BROKEN_PIPE)  # stdout's reader gone too: the cut is what shows
+    assert (done.returncode, done.stderr) == (CUT_SHORT, "")
+
+
+def test_every_entry_point_runs_its_main_through_run_command():
+    scripts = [*REPO.glob("stages/*.py"), *REPO.glob("benchmarks/*.py"), *PACKAGE.glob("*.py")]
+    direct = [p.relative_to(REPO).as_posix() for p in scripts if "run_main(main)" in p.read_text()]
+    assert direct == ["src/cheaptrain/cli.py"]

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cheaptrain import UserError, atomic_write, is_int, run_main
+from cheaptrain import UserError, atomic_write, is_int
+from cheaptrain.cli import run_command
 from cheaptrain.config import RunConfig
 from cheaptrain.papers import paper_setting
 from cheaptrain.tracking import machines_text, project_root
@@ -354,4 +355,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

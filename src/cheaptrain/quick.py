@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from cheaptrain import UserError, atomic_write, run_main
+from cheaptrain import UserError, atomic_write
+from cheaptrain.cli import run_command
 from cheaptrain.config import read_yaml
 
 
@@ -73,4 +74,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from cheaptrain import UserError, run_main
+from cheaptrain import UserError
+from cheaptrain.cli import run_command
 from cheaptrain.config import Recipe, RunConfig
 from cheaptrain.data import load_split, prepared_digest
 from cheaptrain.ledger import Entry, entries, read_entry
@@ -206,4 +207,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)

@@ -27,7 +27,8 @@ import socket
 import sys
 from pathlib import Path
 
-from cheaptrain import UserError, run_main
+from cheaptrain import UserError
+from cheaptrain.cli import run_command
 
 DEFAULT_FOLDER = Path("mlflow-server")
 ALL_INTERFACES = ("0.0.0.0", "::")
@@ -132,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_command(main)
