@@ -49,6 +49,7 @@ ORDERS = [("full", "monitored", "pruning"), ("monitored", "full", "pruning"), ("
 
 
 def main() -> None:
+    started = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/prepared/cifar10", help="prepared dataset (the download stage's)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="epochs of each kind (default: %(default)s)")
@@ -155,9 +156,8 @@ def main() -> None:
             f"{ratio[1]:.3f} .. {ratio[2]:.3f}); target <= (1 - f) * 1.1 = {target:.3f}: "
             f"{'met' if ratio[0] <= target else 'MISSED'} (ideal: 1 - f = {1 - args.fraction:.3f})"
         )
+    print(f"({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":
-    started = time.perf_counter()
     run_command(main)
-    print(f"({time.perf_counter() - started:.0f} s)")
