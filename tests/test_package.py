@@ -158,10 +158,13 @@ def run_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
         os.close(writer)
 
 
-PRINTS_A_LINE = """
+# the start of a `python -c` snippet, run from the repo: an entry point with a main() of the snippet's own
+ENTRY_POINT = """
 import sys
 sys.path.insert(0, "src")
 from cheaptrain.cli import run_command
+"""
+PRINTS_A_LINE = f"""{ENTRY_POINT}
 run_command(lambda: print("best-3 78.17%"))
 """
 
@@ -179,10 +182,7 @@ def test_output_cut_short_by_its_reader_ends_quietly_as_a_unix_tools_does(args, 
     assert (done.returncode, done.stderr) == (status, "")
 
 
-RAISES_A_BROKEN_PIPE = """
-import sys
-sys.path.insert(0, "src")
-from cheaptrain.cli import run_command
+RAISES_A_BROKEN_PIPE = f"""{ENTRY_POINT}
 def main():
     print("training")
     raise BrokenPipeError(32, "a child process's pipe")
