@@ -16,7 +16,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from cheaptrain import ConfigError
-from cheaptrain.config import RunConfig, load_params, resolve_run
+from cheaptrain.config import Recipe, RunConfig, load_params, resolve_run
 from cheaptrain.cost import StepCosts
 from cheaptrain.data import DeviceData, channel_stats
 from cheaptrain.distributed import ONE
@@ -447,23 +447,13 @@ def test_the_quick_thresholds_start_wus_after_the_lr_drop_on_every_recorded_traj
     """params.quick.yaml's thresholds lie outside these trajectories' spread of stds: a threshold within it (2.0)
     started WUS at epoch 5-8 by seed and by CPU, and at 8 left WUS+LR no skip epoch, which failed the quick gate."""
     quick = yaml.safe_load((REPO / "params.quick.yaml").read_text())
-    recipe = PARAMS["recipes"]["wus"] | quick["recipes"]["wus"]
-    lrs = [recipe["lr"] * recipe["gamma"] ** ((e - 1) // recipe["step_size"]) for e in range(1, recipe["epochs"] + 1)]
-    assert len(accuracies) == recipe["epochs"] and lrs[3] != lrs[4] and lrs[7] != lrs[8]  # the lr drops after 4, 8
-    replayed = {}
-    for name in ("wus", "wus_lr"):
-        method = create_method(name, PARAMS["methods"][name] | quick["methods"][name])
-        method.setup(context(create_model("lenet", 10), lrs))
-        phases = []
-        for epoch, (accuracy, lr) in enumerate(zip(accuracies, lrs, strict=True), 1):
-            method.on_epoch_start(epoch, lr)
-            phases.append(method.phase)
-            method.on_validation_end(epoch, accuracy, lr)
-        replayed[name] = (method.initial_epoch, phases)
-    initial, phases = replayed["wus"]
-    assert initial == 5 and phases[:6] == [N, N, N, N, N, S]  # after the drop's epoch 5, which skipping would lose
-    initial, phases = replayed["wus_lr"]
-    assert initial in (4, 5) and phases == [N, N, N, N, N, N, S, S, N, N]  # a fall-back at each lr change
+    recipe = Recipe(**(PARAMS["recipes"]["wus"] | quick["recipes"]["wus"]))
+    lrs = [recipe.lr_at(e) for e in range(1, recipe.epochs + 1)]
+    assert len(accuracies) == recipe.epochs and lrs[3] != lrs[4] and lrs[7] != lrs[8]  # the lr drops after 4, 8
+    wus, phases = drive("wus", accuracies, lrs, **(PARAMS["methods"]["wus"] | quick["methods"]["wus"]))
+    assert wus.initial_epoch == 5 and phases[:6] == [N, N, N, N, N, S]  # after the drop's epoch 5, which skipping loses
+    wus_lr, phases = drive("wus_lr", accuracies, lrs, **(PARAMS["methods"]["wus_lr"] | quick["methods"]["wus_lr"]))
+    assert wus_lr.initial_epoch in (4, 5) and phases == [N, N, N, N, N, N, S, S, N, N]  # a fall-back at each lr change
 
 
 # --------------------------------------------------------------------------------------------------
