@@ -397,16 +397,22 @@ def noise_rows() -> list[dict]:
         return {"study": "dfp", "dataset": "cifar10", "model": model, "method": method, "seeds": 1,
                 "acc_measure": "best3_acc", "acc_mean": 60.0} | figures | more  # fmt: skip
 
-    own = {"own_time_saving_pct_mean": -3.0, "own_time_saving_pct_lo": -8.0, "own_time_saving_pct_hi": 2.0}
+    def own(mean: float, lo: float, hi: float) -> dict:
+        return {"own_time_saving_pct_mean": mean, "own_time_saving_pct_lo": lo, "own_time_saving_pct_hi": hi}
+
     return [
         row("lenet", "dfp", (51.6, 45.0, 58.0), 11.8, compute_saving_pct_mean=12.0),  # far above its bound
-        row("lenet", "random_prune", (-61.5, -70.0, -50.0), compute_saving_pct_mean=12.0, **own),  # less work, slower
+        # less work, slower
+        row("lenet", "random_prune", (-61.5, -70.0, -50.0), compute_saving_pct_mean=12.0, **own(-3.0, -8.0, 2.0)),
         row("vgg13", "dfp", (12.0, 5.0, 13.0), 7.4, compute_saving_pct_mean=12.0),  # the paper's inside our interval
-        row("vgg13", "random_prune", (10.0, 8.0, 12.0), compute_saving_pct_mean=12.0),  # saved time: a finding
+        # saved time: a finding; its own, 2 points above its bound
+        row("vgg13", "random_prune", (10.0, 8.0, 12.0), compute_saving_pct_mean=12.0, **own(14.0, 10.0, 16.0)),
         row("vgg16", "dfp", (2.0, 1.5, 2.5), 7.56, compute_saving_pct_mean=12.0),  # a mismatch
         row("vgg16", "random_prune", (2.0, -1.0, 5.0), compute_saving_pct_mean=12.0),  # 0 inside the interval
         row("resnet18", "random_prune", (-20.0, -25.0, -15.0), sample_saving_pct_mean=12.0),  # no FLOPs: samples
         row("resnet34", "dfp", (14.0, 10.0, 18.0), 13.43, compute_saving_pct_mean=20.0),  # within 3 points: a match
+        # both more than 3 points above the bound, the paper silent
+        row("alexnet", "random_prune", (42.3, 32.4, 46.2), compute_saving_pct_mean=23.7, **own(30.0, 27.0, 33.0)),
     ]
 
 
@@ -421,6 +427,10 @@ def test_time_savings_within_noise_are_marked_and_never_called_findings_or_misma
     assert "own full epochs -3.00% [-8.00, +2.00]: within noise" in lines["lenet", "random_prune"]
     assert "vs the paper's +7.40%: within noise (neither a match nor a mismatch)" in lines["vgg13", "dfp"]
     assert "within noise" not in lines["vgg13", "random_prune"]
+    assert "own full epochs +14.00% [+10.00, +16.00]." in lines["vgg13", "random_prune"]  # 2 points above its bound
+    bound = "above the compute saved (23.70%), its bound: noise, not a finding"  # more than 3 above, the paper silent
+    assert f"time saved +42.30% [+32.40, +46.20]: {bound} (not in the paper)" in lines["alexnet", "random_prune"]
+    assert f"own full epochs +30.00% [+27.00, +33.00]: {bound}" in lines["alexnet", "random_prune"]
     assert "does NOT match (-5.56, beyond ±3.00 and outside our interval)" in lines["vgg16", "dfp"]
     assert "within noise" not in lines["vgg16", "dfp"] and "does NOT match" not in lines["lenet", "dfp"]
     assert "time saved +2.00% [-1.00, +5.00]: within noise" in lines["vgg16", "random_prune"]

@@ -101,8 +101,9 @@ def report_markdown(
         "wider (params `aggregate.agree_within`). A time saving is within noise, neither a finding nor a mismatch, "
         "when its 95% interval contains the figure it is compared with (0, or the paper's when ours lies further "
         "than the tolerance from it), or when it is negative for a method that did less work. The compute saved is "
-        "what an ideal implementation saves on any hardware: the bound for the time saved; a time saving well above "
-        "it is noise, not a finding.",
+        "what an ideal implementation saves on any hardware: the bound for the time saved; a time saving whose "
+        f"interval lies wholly more than {agree['saving_points']:g} points above it is noise, not a finding, "
+        "whether or not the paper has a figure to compare with.",
         "",
     ]
     lines += [f"- {line}" for line in findings(summary, agree, accuracies)]
