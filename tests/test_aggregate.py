@@ -405,8 +405,8 @@ def noise_rows() -> list[dict]:
         # less work, slower
         row("lenet", "random_prune", (-61.5, -70.0, -50.0), compute_saving_pct_mean=12.0, **own(-3.0, -8.0, 2.0)),
         row("vgg13", "dfp", (12.0, 5.0, 13.0), 7.4, compute_saving_pct_mean=12.0),  # the paper's inside our interval
-        # saved time: a finding; its own, 2 points above its bound
-        row("vgg13", "random_prune", (10.0, 8.0, 12.0), compute_saving_pct_mean=12.0, **own(14.0, 10.0, 16.0)),
+        # saved time: a finding; its own above the bound, but not wholly by more than 3 points
+        row("vgg13", "random_prune", (10.0, 8.0, 12.0), compute_saving_pct_mean=12.0, **own(16.0, 13.0, 18.0)),
         row("vgg16", "dfp", (2.0, 1.5, 2.5), 7.56, compute_saving_pct_mean=12.0),  # a mismatch
         row("vgg16", "random_prune", (2.0, -1.0, 5.0), compute_saving_pct_mean=12.0),  # 0 inside the interval
         row("resnet18", "random_prune", (-20.0, -25.0, -15.0), sample_saving_pct_mean=12.0),  # no FLOPs: samples
@@ -427,7 +427,8 @@ def test_time_savings_within_noise_are_marked_and_never_called_findings_or_misma
     assert "own full epochs -3.00% [-8.00, +2.00]: within noise" in lines["lenet", "random_prune"]
     assert "vs the paper's +7.40%: within noise (neither a match nor a mismatch)" in lines["vgg13", "dfp"]
     assert "within noise" not in lines["vgg13", "random_prune"]
-    assert "own full epochs +14.00% [+10.00, +16.00]." in lines["vgg13", "random_prune"]  # 2 points above its bound
+    assert "own full epochs +16.00% [+13.00, +18.00]" in lines["vgg13", "random_prune"]
+    assert "above the compute saved" not in lines["vgg13", "random_prune"]  # its interval starts 1 point above it
     bound = "above the compute saved (23.70%), its bound: noise, not a finding"  # more than 3 above, the paper silent
     assert f"time saved +42.30% [+32.40, +46.20]: {bound} (not in the paper)" in lines["alexnet", "random_prune"]
     assert f"own full epochs +30.00% [+27.00, +33.00]: {bound}" in lines["alexnet", "random_prune"]

@@ -258,8 +258,10 @@ def time_findings(row: dict[str, Any], tol: float) -> list[str]:
         shown = f"time saved vs its own full epochs {signed_interval(row, 'own_time_saving_pct')}"
         if above_bound(row, "own_time_saving_pct", tol):
             parts.append(f"{shown}: {ABOVE_BOUND.format(compute)}")
+        elif within_noise(row, "own_time_saving_pct", 0.0):
+            parts.append(f"{shown}: within noise")
         else:
-            parts.append(f"{shown}: within noise" if within_noise(row, "own_time_saving_pct", 0.0) else shown)
+            parts.append(shown)
     if row.get("cheap_time_share_mean") is not None and row.get("cheap_work_share_mean") is not None:
         parts.append(
             f"a cheaper epoch takes {row['cheap_time_share_mean']:.2f} of a full epoch's time for "
