@@ -20,12 +20,14 @@ then is lost (its checkpoint is far too large to bring back). So, within --minut
 3. train: the pending runs (those without a ledger entry; with `--retrain-stale` also those whose entry other training
    code or settings trained on this kind of device, each replacing its entry; a method's run whose baseline entry
    trained on a device of another name is left for that device, but for --any-device) in order, at most --parallel at
-   once. A run starts only if it ends before the deadline, estimated with every epoch full at its model's rate, plus
-   what a run spends outside its epochs (START_S, FIRST_EPOCH), or for a run alone from its model's baseline entry if
-   one trained here in this setting and took less (KNOWN_MARGIN), and if every run training now still does (at its own
-   pace, once it has one). Runs at once count as sharing one device, each at its rate / the number of runs: on an H100
-   two ResNet-18 runs at once took 2.7 s an epoch each, one alone 1.4 s. When a run's pace needs over 1.25x the time
-   left, the newest run is stopped, so that the device serves the older ones (a run alone goes on);
+   once. A run starts only if it ends before the deadline, estimated at its model's rate for the samples its epochs
+   train (every sample, or the share its method's entries in the ledger trained: DFP's schedule leaves the same 12.75%
+   out on every network), plus what a run spends outside its epochs (START_S, FIRST_EPOCH), or for a run alone from
+   its model's baseline entry if one trained here in this setting and took less (KNOWN_MARGIN), and if every run
+   training now still does (at its own pace, once it has one). Runs at once count as sharing one device, each at its
+   rate / the number of runs: on an H100 two ResNet-18 runs at once took 2.7 s an epoch each, one alone 1.4 s. When a
+   run's pace needs over 1.25x the time left, the newest run is stopped, so that the device serves the older ones (a
+   run alone goes on);
 4. pack, into OUT: ledger.tar.gz (the entries of the runs that ended: `tar xzf` it in the repository, then commit
    the entries), logs.tar.gz (each run's log), race.csv, session.txt (everything printed).
 Runs still training at the deadline go on, detached, as long as the machine stays: `--collect` waits for them (up to
@@ -389,22 +391,51 @@ def settings(variant: Variant, device: torch.device) -> list[str]:
     return values + ([f"train.device={device}", "train.threads=1"] if device.type != "cuda" else [])
 
 
-def estimate_s(epochs: int, train_size: int, rate: Rate, at_once: int) -> float:
-    """A run's seconds, every epoch full, at its model's rate shared by `at_once` runs."""
+def estimate_s(epochs: int, train_size: int, rate: Rate, at_once: int, share: float = 1.0) -> float:
+    """A run's seconds at its model's rate shared by `at_once` runs, its epochs training `share` of the samples (1:
+    every epoch full; `sample_share`)."""
     first_epoch = FIRST_EPOCH["alone" if at_once == 1 else "at once"] * rate.first_epoch_s
-    return START_S + first_epoch + epochs * train_size * at_once / rate.images_per_s * EVALUATION
+    return START_S + first_epoch + share * epochs * train_size * at_once / rate.images_per_s * EVALUATION
 
 
-def need_s(spec: Spec, cfg: RunConfig, estimate: float, at_once: int, variant: Variant, device: torch.device) -> float:
+def sample_share(spec: Spec, cfg: RunConfig) -> float:
+    """The share of every epoch's samples that a run of `spec`'s method trains, as the ledger says: the most that its
+    method's entries trained in this study, dataset, number of epochs and method settings, on any network (DFP's
+    schedule leaves 12.75% out of each); 1 without such an entry, and for a method that trains every sample."""
+    wanted = json.loads(json.dumps(cfg.to_dict()))  # as run.json holds it: lists, not tuples
+    shares = []
+    for path in Path("ledger", spec.study).glob(f"{cfg.dataset}-*-{spec.method}-s*"):
+        try:
+            entry = read_entry(path)
+        except UserError:
+            continue  # not an entry the ledger can read: it says nothing
+        config, trained = entry.info["config"], entry.metrics.get("total_trained_samples")
+        every = len(entry.history) * max(row.get("trained_samples", 0.0) for row in entry.history)
+        if (trained and every and all(config.get(key) == wanted[key] for key in ("method", "method_args", "dataset"))
+                and (config.get("recipe") or {}).get("epochs") == wanted["recipe"]["epochs"]):  # fmt: skip
+            shares.append(trained / every)
+    return min(1.0, max(shares, default=1.0))
+
+
+def need_s(
+    spec: Spec,
+    cfg: RunConfig,
+    estimate: float,
+    at_once: int,
+    variant: Variant,
+    device: torch.device,
+    share: float = 1.0,
+) -> float:
     """A run's estimate: `estimate` (its model's rate), or, for a run alone, what its baseline's entry says if less."""
-    known = known_s(spec, cfg, variant, device) if at_once == 1 else None
+    known = known_s(spec, cfg, variant, device, share) if at_once == 1 else None
     return estimate if known is None else min(estimate, known)
 
 
-def known_s(spec: Spec, cfg: RunConfig, variant: Variant, device: torch.device) -> float | None:
+def known_s(spec: Spec, cfg: RunConfig, variant: Variant, device: torch.device, share: float = 1.0) -> float | None:
     """What the ledger says a run of `spec` takes alone here (KNOWN_MARGIN, KNOWN_START_S): the longest wall time of
-    its model's baseline entries trained in its recipe on a device of this name in `variant`; None without one. A
-    method only makes epochs cheaper (DFP's leave samples out, WUS's update a bias), so its baseline bounds it."""
+    its model's baseline entries trained in its recipe on a device of this name in `variant`, their training cut to
+    `share` of the samples (`sample_share`); None without one. A method only makes epochs cheaper (DFP's leave samples
+    out, WUS's update a bias), so its baseline bounds it."""
     baselines = sorted(Path("ledger", spec.study).glob(f"cifar10-{spec.model}-baseline-s*"))
     if not baselines:
         return None
@@ -420,7 +451,7 @@ def known_s(spec: Spec, cfg: RunConfig, variant: Variant, device: torch.device) 
         if (wall is not None and entry.info.get("device") == here
                 and entry.metrics.get("total_trained_samples") == samples
                 and all(config.get(key) == setting[key] for key in KNOWN_KEYS)):  # fmt: skip
-            walls.append(wall)
+            walls.append(wall - (1 - share) * entry.metrics.get("train_time_s", 0.0))
     return KNOWN_MARGIN * max(walls) + KNOWN_START_S if walls else None
 
 
@@ -453,6 +484,11 @@ def train(
     """Race the settings on the first pending run's model (or measure the one named), then train the runs that fit,
     `args.parallel` at once."""
     pending = list(configs)
+    shares = {spec: sample_share(spec, cfg) for spec, cfg in configs.items()}
+    for spec in pending:
+        if shares[spec] < 1:
+            session.say(f"{spec.name}: estimated at {100 * shares[spec]:.2f}% of every epoch's samples, as its "
+                        "method's entries in the ledger trained")  # fmt: skip
     session.say(f"race: training images/s at batch {sizes.batch}, steady state ({sizes.batches} batches an epoch); "
                 "first s: its untimed first epoch (compiling)")  # fmt: skip
     session.say(f"{'model':10} {'setting':26} {'images/s':>10} {'first s':>8}")
@@ -499,7 +535,7 @@ def train(
                     continue  # measured only while nothing trains
                 fastest = max(rates.values(), key=lambda rate: rate.images_per_s)
                 hoped = replace(fastest, images_per_s=MEASURE_FASTER * fastest.images_per_s)
-                if session.left() < MEASURE_S + estimate_s(epochs, size, hoped, 1):
+                if session.left() < MEASURE_S + estimate_s(epochs, size, hoped, 1, shares[spec]):
                     continue  # it would not end in time even that fast: not worth measuring
                 rate = measure(session, spec.model, best, device, sizes)
                 if rate is None:
@@ -511,7 +547,8 @@ def train(
                     continue
                 rates[spec.model] = rate
             at_once = len(active) + 1  # sharing the device with the runs training now
-            need = need_s(spec, cfg, estimate_s(epochs, size, rates[spec.model], at_once), at_once, best, device)
+            estimate = estimate_s(epochs, size, rates[spec.model], at_once, shares[spec])
+            need = need_s(spec, cfg, estimate, at_once, best, device, shares[spec])
             if not can_start(need, active, now, session.left()):
                 continue  # perhaps later, with fewer runs at once
             queue.remove(spec)

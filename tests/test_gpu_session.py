@@ -637,6 +637,11 @@ def test_a_run_alone_after_its_models_baseline_is_estimated_from_the_baselines_e
     assert gpu_session.known_s(spec, cfg, eager, cpu) == pytest.approx(slowest)
     (slower / "metrics.json").write_text("{not json")  # unreadable: left out, not a crash
     assert gpu_session.known_s(spec, cfg, eager, cpu) == pytest.approx(known)
+    # a method's run training 75% of the samples: the baseline's training time cut to that share, the rest as it was
+    (baseline / "metrics.json").write_text(json.dumps(metrics | {"wall_time_s": 10.0, "train_time_s": 8.0}))
+    cut = gpu_session.KNOWN_MARGIN * (10.0 - 0.25 * 8.0) + gpu_session.KNOWN_START_S
+    assert gpu_session.known_s(spec, cfg, eager, cpu, 0.75) == pytest.approx(cut)
+    assert gpu_session.need_s(spec, cfg, 1000.0, 1, eager, cpu, 0.75) == pytest.approx(cut)
 
 
 def test_a_new_session_is_refused_while_runs_of_an_earlier_one_still_train(tmp_path, monkeypatch, capsys):
@@ -819,3 +824,63 @@ def test_collect_after_a_detached_session_that_started_no_runs_points_to_what_it
     out = capsys.readouterr().out
     assert "ended before it started runs" in out and str(tmp_path / "out/detached.log") in out
     assert "OSError: no space left" in (tmp_path / "out/detached.log").read_text()
+
+
+def write_entry(path: Path, cfg, trained_per_epoch: list[int], **metrics: float) -> None:
+    """A ledger entry of `cfg` at `path` whose epochs trained these numbers of samples (run.json, metrics.json and
+    history.csv, as read_entry reads them)."""
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps({"name": path.name, "config": cfg.to_dict()}))
+    (path / "metrics.json").write_text(json.dumps({"total_trained_samples": sum(trained_per_epoch), **metrics}))
+    rows = [f"{epoch},{n}" for epoch, n in enumerate(trained_per_epoch, 1)]
+    (path / "history.csv").write_text("\n".join(["epoch,trained_samples", *rows]) + "\n")
+
+
+def test_a_methods_run_is_estimated_at_the_share_of_samples_its_methods_entries_trained(tmp_path, monkeypatch):
+    """DFP's schedule leaves the same 12.75% of the samples out on every network (8,725,000 of 10,000,000 in VGG-13's
+    and LeNet's entries): a run of a method is estimated at the most its method's entries trained, in its study,
+    dataset, epochs and method settings, on any network; a method whose entries train every sample, at every sample."""
+    gpu_session = load_gpu_session()
+    monkeypatch.chdir(tmp_path)
+    params = small_params()
+
+    def config(model: str, method: str, params: dict = params):
+        return gpu_session.resolve_run(params, "dfp", "cifar10", model, method, 0)
+
+    dfp, cfg = gpu_session.parse_run("dfp:lenet:dfp"), config("lenet", "dfp")
+    assert gpu_session.sample_share(dfp, cfg) == 1.0  # no entry of its method yet: every sample
+    write_entry(tmp_path / "ledger/dfp/cifar10-alexnet-dfp-s0", config("alexnet", "dfp"), [128, 64])
+    write_entry(tmp_path / "ledger/dfp/cifar10-alexnet-dfp-s1", config("alexnet", "dfp"), [128, 96])
+    write_entry(tmp_path / "ledger/dfp/cifar10-alexnet-baseline-s0", config("alexnet", "baseline"), [128, 128])
+    (tmp_path / "ledger/dfp/cifar10-vgg11-dfp-s0").mkdir()  # not an entry the ledger can read: left out
+    assert gpu_session.sample_share(dfp, cfg) == pytest.approx(224 / 256)  # another network's, the most of two
+    baseline = gpu_session.parse_run("dfp:lenet:baseline")
+    assert gpu_session.sample_share(baseline, config("lenet", "baseline")) == 1.0
+    other_method = params | {"methods": params["methods"] | {"dfp": params["methods"]["dfp"] | {"prune_num": 0.5}}}
+    assert gpu_session.sample_share(dfp, config("lenet", "dfp", other_method)) == 1.0  # other method settings
+    other_recipe = params | {"recipes": params["recipes"] | {"dfp": params["recipes"]["dfp"] | {"epochs": 3}}}
+    assert gpu_session.sample_share(dfp, config("lenet", "dfp", other_recipe)) == 1.0  # other epochs
+
+    rate, share = gpu_session.Rate(100.0, 7.0, 0, ()), 224 / 256
+    outside = gpu_session.START_S + 7.0  # a run's start and its first epoch's compiling: the same at any share
+    full, cut = gpu_session.estimate_s(2, 1000, rate, 1), gpu_session.estimate_s(2, 1000, rate, 1, share)
+    assert cut - outside == pytest.approx(share * (full - outside)) == pytest.approx(share * 2 * 10 * 1.1)
+
+
+def test_a_dfp_run_that_ends_in_time_at_its_methods_share_of_the_samples_starts(tmp_path, monkeypatch):
+    """2 epochs of 1000 images at 3.3846 images/s: 650 s of epochs, past the 600 s of the session with every sample,
+    488 s at the 75% of them that an entry of the method trained on another network."""
+    gpu_session = load_gpu_session()
+    rates = {"lenet": 2 * 1000 * gpu_session.EVALUATION / 650}
+    lines = train_stubbed(gpu_session, tmp_path, monkeypatch, ["dfp:lenet:dfp"], set(), entry=True, rates=rates)
+    assert "dfp/cifar10-lenet-dfp-s0: not started: it would not end in time" in lines
+
+    shutil.rmtree(tmp_path / "out")
+    cfg = gpu_session.resolve_run(small_params(), "dfp", "cifar10", "alexnet", "dfp", 0)
+    write_entry(tmp_path / "ledger/dfp/cifar10-alexnet-dfp-s0", cfg, [1000, 500])
+    lines = train_stubbed(gpu_session, tmp_path, monkeypatch, ["dfp:lenet:dfp"], set(), entry=True, rates=rates)
+    said = "estimated at 75.00% of every epoch's samples, as its method's entries in the ledger trained"
+    assert f"dfp/cifar10-lenet-dfp-s0: {said}" in lines
+    assert "dfp/cifar10-lenet-dfp-s0: ended at epoch 1/2" in lines  # started (the stub's run ends at once)
+    (run,) = json.loads((tmp_path / "gpu-session/state.json").read_text())
+    assert run["estimate_s"] == pytest.approx(gpu_session.START_S + 0.1 + 0.75 * 650)
