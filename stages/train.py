@@ -104,15 +104,17 @@ def check_new_methods(params: dict[str, Any], created: set[str]) -> None:
 
 def ledger_stops(params: dict[str, Any]) -> list[str]:
     """With `train.ledger: record`, look up each grid run's ledger entry as its train stage does (ledger.find): print
-    how many reuse theirs, and return one line per run whose entry, trained differently, would stop it."""
+    how many reuse theirs, and return one line per run whose entry, trained differently, would stop it. The data is
+    that of the params (the prepared data's digest is compared when the stage trains: the download stage before it may
+    prepare it again)."""
     from cheaptrain import ledger
-    from cheaptrain.config import resolve_run
+    from cheaptrain.config import resolve_run, train_size_param
     from cheaptrain.runner import run_code_version
 
     runs, reused, stops = list(ledger.grid_runs(params)), 0, []
     for run in runs:
         cfg = resolve_run(params, *run)
-        if (entry := ledger.lookup(cfg)) is None:
+        if (entry := ledger.lookup(cfg, train_size_param(params, cfg.dataset))) is None:
             continue
         if diffs := ledger.differences(entry, cfg, run_code_version(cfg)):
             stops.append(f"{cfg.study}/{cfg.name}: {'; '.join(diffs)}")

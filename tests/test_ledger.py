@@ -21,7 +21,7 @@ from cheaptrain.aggregate import ledger_runs
 from cheaptrain.data import load_split
 from cheaptrain.papers import PAPERS
 from cheaptrain.prepare import write_prepared
-from cheaptrain.runner import code_version, fit, train_run
+from cheaptrain.runner import Recorder, checkpoint_path, code_version, fit, train_run
 
 from conftest import REPO, small_config, synthetic_split
 
@@ -119,7 +119,46 @@ def test_an_entry_trained_differently_is_named_not_reused_nor_retrained(repo, mo
 def test_other_training_code_is_named(repo):
     train_run(config())
     with pytest.raises(UserError, match=r"training code: version \w+ \(commit .*\) in the entry, 0000 now"):
-        ledger.find(config(), "0000")
+        ledger.find(config(), "0000", None)
+
+
+def test_an_entry_trained_on_other_prepared_data_is_named_not_reused(repo, monkeypatch):
+    """The same params on other arrays (prepare.py decoding otherwise, another archive): not the entry's run."""
+    train_run(config())
+    recorded = ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-baseline-s7").info["data_digest"]
+    other = synthetic_split(128, seed=3)
+    splits = {"train": (other.images, other.labels), "test": (TEST.images, TEST.labels)}
+    write_prepared(repo / "data/prepared/cifar10", splits, TRAIN.classes, {"source": "synthetic"})
+    monkeypatch.setattr("cheaptrain.runner.fit", lambda *a, **k: pytest.fail("trained again"))
+    with pytest.raises(UserError, match=rf"prepared data: digest {recorded} in the entry, (?!{recorded})\w{{16}} in "):
+        train_run(config())
+
+
+def test_a_run_on_part_of_the_training_images_is_neither_matched_nor_recorded(repo, monkeypatch, capsys):
+    """download.<dataset>.train_size keeps part of the images: not the paper's setting, whatever the recipe."""
+    train_run(config(), track=False)
+    entry = repo / "ledger/dfp/cifar10-lenet-baseline-s7"
+    recorded = (entry / "run.json").read_text()
+    half = {"train": (TRAIN.images[:60], TRAIN.labels[:60]), "test": (TEST.images, TEST.labels)}
+    subset = {"train_subset": {"train_size": 60, "archive_train_count": 128}}
+    write_prepared(repo / "data/prepared/cifar10", half, TRAIN.classes, {"source": "synthetic"} | subset)
+    assert ledger.find(config(), code_version("baseline"), None) is None  # not a mismatch: the ledger is not for it
+    final = train_run(config(ledger="retrain"), track=False)  # trained, and the entry of every image kept
+    assert "not recorded in the ledger, which keeps runs at a paper's setting only (the first 60 training images" in (
+        capsys.readouterr().err
+    )
+    assert (entry / "run.json").read_text() == recorded and final != ledger.read_entry(entry).metrics
+
+
+def test_another_networks_model_arguments_do_not_change_a_runs_entry(repo):
+    train_run(config(), track=False)
+    (entry,) = ledger.entries()
+    cfg = config()
+    vgg = dataclasses.replace(cfg.recipe, model_args={"vgg11": {"batch_norm": False}})
+    other = dataclasses.replace(cfg, recipe=vgg)
+    assert ledger.differences(entry, other, code_version("baseline")) == []
+    own = dataclasses.replace(other, model_args={"width": 2})
+    assert ledger.differences(entry, own, code_version("baseline")) == ["model_args.width: None in the entry, 2 now"]
 
 
 def test_a_run_not_at_its_papers_setting_is_neither_recorded_nor_matched(repo, capsys):
@@ -131,7 +170,7 @@ def test_a_run_not_at_its_papers_setting_is_neither_recorded_nor_matched(repo, c
     )
     assert not ledger.entries()
     train_run(cfg, track=False)  # the paper's setting: recorded
-    assert ledger.find(other, code_version("baseline")) is None  # its entry is not this run's, nor a mismatch
+    assert ledger.find(other, code_version("baseline"), None) is None  # its entry is not this run's, nor a mismatch
 
 
 def test_retrain_replaces_the_entry(repo, monkeypatch):
@@ -261,6 +300,49 @@ def test_a_failure_after_training_marks_the_mlflow_run_failed_and_the_rerun_fini
     train_run(config())  # resumes after the last epoch and records
     (run,) = mlflow_runs("cifar10-lenet-baseline-s7")
     assert run.info.status == "FINISHED" and ledger.entries()[0].info["mlflow_run_id"] == run.info.run_id
+
+
+def test_a_run_stopped_after_recording_its_entry_leaves_no_checkpoint_once_reused(repo, monkeypatch):
+    """Killed between its entry and removing its checkpoint: the rerun reuses the entry and removes the checkpoint of
+    the finished run; a retrain's unfinished checkpoint beside a matching entry stays, to resume."""
+
+    def killed(*args, **kwargs):
+        raise SystemExit(143)  # as a kill's handler would: the checkpoint stays
+
+    ckpt = checkpoint_path(config())
+    with monkeypatch.context() as patched:
+        patched.setattr("cheaptrain.tracking.RunTracker.finish", killed)
+        with pytest.raises(SystemExit):
+            train_run(config())
+    assert ledger.entries() and ckpt.is_file()
+    train_run(config())  # the entry reused
+    assert not ckpt.exists() and not ckpt.with_suffix(".lock").exists()
+
+    def one_epoch(cfg, train, test, method, resume, epoch_end, processes):
+        def end(*args, **kwargs):
+            epoch_end(*args, **kwargs)
+            raise SystemExit(143)
+
+        return fit(cfg, train, test, method, resume, end, processes)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("cheaptrain.runner.fit", one_epoch)
+        with pytest.raises(SystemExit):
+            train_run(config(ledger="retrain"))
+    assert ckpt.is_file()
+    train_run(config())  # the entry reused; the retrain's epoch kept
+    assert ckpt.is_file()
+
+
+def test_a_run_whose_first_checkpoint_fails_is_marked_failed_not_left_running(repo, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Recorder, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train_run(config())
+    (run,) = mlflow_runs("cifar10-lenet-baseline-s7")
+    assert run.info.status == "FAILED"
 
 
 @pytest.mark.parametrize(

@@ -409,7 +409,10 @@ def test_train_running_lists_the_runs_under_way_and_whether_a_process_trains_the
     done = train_in_process(monkeypatch, workdir, "--running", "-S", "train.device=cuda")
     assert (done.returncode, done.stdout) == (0, f"{afresh} device than here\n")
     rewrite(data="0123456789abcdef")  # from data prepared otherwise than data/prepared/cifar10's
-    assert runner.runs_under_way("cpu") == [f"{afresh} prepared data than here"]
+    assert runner.runs_under_way("cpu") == [
+        f"{afresh} prepared data than here (data/prepared/cifar10); in a copy of the repository that holds the data "
+        "it was written with, as `dvc exp run --temp` makes, it resumes"
+    ]
     assert runner.runs_under_way("cuda:0") == [f"{afresh} prepared data and device than here"]
     rewrite(code="0123456789abcdef")  # as an earlier version of trainer.py wrote it
     (older,) = runner.runs_under_way("cpu")
@@ -690,6 +693,26 @@ def test_a_probe_of_the_lock_leaves_a_starting_run_its_checkpoint(tmp_path):
         fcntl.flock(training, fcntl.LOCK_EX)
         with runner.checkpoint_owner(lock_path, wait_s=0.1) as owner:
             assert not owner
+
+
+def test_a_run_that_opened_the_lock_its_finishing_owner_removed_locks_the_file_there_now(tmp_path, monkeypatch):
+    """A finished run removes its lock file; a run starting at that instant may have opened the removed file. Locking
+    that file would leave the path free, and a third process would own the same checkpoint beside it."""
+    lock_path = tmp_path / "run.lock"
+    finishing = open(lock_path, "w")  # noqa: SIM115 (closed below, as its owner finishes)
+    fcntl.flock(finishing, fcntl.LOCK_EX)
+    flock = fcntl.flock
+
+    def owner_finishes_first(file, operation):
+        if not finishing.closed:  # after the starting run opened the file, before it locks it
+            lock_path.unlink()
+            finishing.close()
+        return flock(file, operation)
+
+    monkeypatch.setattr(fcntl, "flock", owner_finishes_first)
+    with runner.checkpoint_owner(lock_path) as owner:
+        assert owner and finishing.closed
+        assert runner.lock_held(lock_path)  # the file at the path is locked: a third process does not own it
 
 
 def test_a_second_process_on_the_same_configuration_trains_without_touching_the_checkpoint(

@@ -12,9 +12,11 @@ alone, `python stages/train.py ... --no-mlflow` trains and records, and the entr
 
 In `record` mode a run whose entry matches is not trained again: the entry becomes the stage's outputs (and its
 MLflow run, imported if the store lacks it). It matches when it trained the same experiment (study, dataset, model,
-method, seed, recipe, method and model parameters: RunConfig.experiment()) with the same training code; where it
-ran (device, threads, autocast) is recorded, not matched. An entry that does not match stops the stage with an
-error naming each difference: retrain it (`train.ledger: retrain`, which replaces the entry) or remove it.
+method, seed, recipe, method and model parameters: RunConfig.experiment()) on the same prepared data (its digest) with
+the same training code; where it ran (device, threads, autocast) is recorded, not matched. An entry that does not
+match stops the stage with an error naming each difference: retrain it (`train.ledger: retrain`, which replaces the
+entry) or remove it. A run on part of the training images (`download.<dataset>.train_size`) is not at its paper's
+setting: the ledger neither matches nor records it.
 `ignore` neither reads nor writes the ledger (the quick setting).
 
     python -m cheaptrain.ledger list       # the entries, with seeds, device and final accuracy
@@ -41,7 +43,7 @@ from typing import Any
 
 from cheaptrain import UserError, atomic_write, is_int
 from cheaptrain.cli import run_command
-from cheaptrain.config import RunConfig
+from cheaptrain.config import RunConfig, prepared_train_size
 from cheaptrain.papers import paper_setting
 from cheaptrain.tracking import machines_text, project_root
 
@@ -151,15 +153,19 @@ def flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): list(value) if isinstance(value, tuple | list) else value}
 
 
-def differences(entry: Entry, cfg: RunConfig, code: str) -> list[str]:
-    """How the entry differs from the run `cfg` would train now: each setting, then the training code."""
+def differences(entry: Entry, cfg: RunConfig, code: str, data: str | None = None) -> list[str]:
+    """How the entry differs from the run `cfg` would train now: each setting, the prepared data (`data`, its digest;
+    None: not compared), then the training code. Of the recipe's model arguments only the run's own model's count
+    (`model_args`): another network's do not change this run."""
     wanted = flat(json.loads(json.dumps(cfg.experiment())))
     kept = flat({k: entry.info["config"].get(k) for k in cfg.experiment()})
     lines = [
         f"{key}: {kept.get(key)!r} in the entry, {wanted.get(key)!r} now"
         for key in sorted(wanted.keys() | kept.keys())
-        if kept.get(key) != wanted.get(key)
+        if kept.get(key) != wanted.get(key) and not key.startswith("recipe.model_args.")
     ]
+    if data is not None and entry.info.get("data_digest") != data:
+        lines.append(f"prepared data: digest {entry.info.get('data_digest')} in the entry, {data} in {cfg.data_dir}")
     if entry.info.get("code_version") != code:
         lines.append(
             f"training code: version {entry.info.get('code_version')} (commit {entry.info.get('git_commit')}) in the "
@@ -168,22 +174,40 @@ def differences(entry: Entry, cfg: RunConfig, code: str) -> list[str]:
     return lines
 
 
-def lookup(cfg: RunConfig) -> Entry | None:
-    """The entry of `cfg`, matching or not; None when it has none or is not at its paper's setting (the ledger is not
-    for it)."""
+def departures(cfg: RunConfig, subset: int | None) -> list[str]:
+    """How the run `cfg` departs from its paper's setting (papers.paper_setting: 200 epochs, the paper's recipe), on
+    `subset` training images (None: every one); [] when it is at that setting."""
+    counted, found = paper_setting(cfg.study, cfg.to_dict()["recipe"], cfg.model)
+    found = [] if counted else found
+    if subset is not None:
+        found.append(f"the first {subset} training images (download.{cfg.dataset}.train_size; paper: every one)")
+    return found
+
+
+def prepared_subset(cfg: RunConfig) -> int | None:
+    """How many training images are prepared for `cfg` where they are a subset; None for every one, or where nothing
+    readable is prepared (loading the data says so)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return prepared_train_size(cfg.data_dir)
+    return None
+
+
+def lookup(cfg: RunConfig, subset: int | None) -> Entry | None:
+    """The entry of `cfg` on `subset` training images (None: every one), matching or not; None when it has none or is
+    not at its paper's setting (the ledger is not for it)."""
     path = entry_path(cfg)
-    if not (path / "run.json").is_file() or not paper_setting(cfg.study, cfg.to_dict()["recipe"], cfg.model)[0]:
+    if not (path / "run.json").is_file() or departures(cfg, subset):
         return None
     return read_entry(path)
 
 
-def find(cfg: RunConfig, code: str) -> Entry | None:
-    """The matching entry of `cfg`, None when it has none (lookup); an entry that does not match stops with an
-    error."""
-    entry = lookup(cfg)
+def find(cfg: RunConfig, code: str, data: str | None) -> Entry | None:
+    """The matching entry of `cfg` on the data prepared for it (`data`: its digest, None where none is), None when it
+    has none (lookup); an entry that does not match stops with an error."""
+    entry = lookup(cfg, prepared_subset(cfg))
     if entry is None:
         return None
-    if diffs := differences(entry, cfg, code):
+    if diffs := differences(entry, cfg, code, data):
         path = entry.path
         listed = "\n".join(f"  - {d}" for d in diffs)
         raise UserError(
@@ -196,11 +220,10 @@ def find(cfg: RunConfig, code: str) -> Entry | None:
 
 def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path | None:
     """Copy a finished run's outputs into its ledger entry (replacing one), then rewrite the index. A run that is not
-    at its paper's setting (papers.paper_setting: 200 epochs, the paper's recipe) is not recorded: None."""
-    counted, departures = paper_setting(cfg.study, cfg.to_dict()["recipe"], cfg.model)
-    if not counted:
+    at its paper's setting (`departures`: the recipe, every training image) is not recorded: None."""
+    if found := departures(cfg, prepared_subset(cfg)):
         print(f"{cfg.study}/{cfg.name}: not recorded in the ledger, which keeps runs at a paper's setting only "
-              f"({'; '.join(departures)})", file=sys.stderr)  # fmt: skip
+              f"({'; '.join(found)})", file=sys.stderr)  # fmt: skip
         return None
     path = entry_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,14 +232,16 @@ def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path | None:
     try:
         for name in FILES:
             shutil.copy2(out_dir / name, staging / name)
+        replaced = path.parent / f".{path.name}.replaced.{uuid.uuid4().hex[:8]}"  # a dot-name: no entry
         with _lock():
             if path.exists():
-                shutil.rmtree(path)
+                path.rename(replaced)  # renamed, not removed here: a reader never sees part of an entry
             staging.rename(path)  # whole or absent: never a half-written entry
             write_index()
     except BaseException:  # a full disk or an interrupt leaves no staging folder behind
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    shutil.rmtree(replaced, ignore_errors=True)
     if run_id:
         _tag_run(run_id, read_entry(path).id)
     print(f"{cfg.study}/{cfg.name}: recorded in the ledger, {path} (commit it)", file=sys.stderr)
@@ -336,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     found = entries()
     if args.command == "index":
-        write_index()
+        with _lock():  # a run that finishes now rewrites it too
+            write_index()
         print(f"{ledger_root() / INDEX}: {len(found)} entries")
     elif args.command == "list":
         for entry in found:

@@ -232,6 +232,9 @@ def runs_under_way(device: str = "auto") -> list[str]:
             what = "stopped, written by other training code: this checkout's command trains the run afresh"
         elif problem:
             what = f"stopped, would start afresh: {problem} than here"
+            if {k for k, v in expected.items() if state["identity"].get(k) != v} == {"data"}:
+                what += (f" (data/prepared/{dataset}); in a copy of the repository that holds the data it was "
+                         "written with, as `dvc exp run --temp` makes, it resumes")  # fmt: skip
         else:
             what = "stopped: the command that started it resumes it" + elsewhere(state, machine_here(device))
         lines.append(f"{name}: {done}{acc}, written {written}, {what}")
@@ -263,17 +266,45 @@ def checkpoint_owner(lock_path: Path, wait_s: float = 1.0) -> Iterator[bool]:
     the lock is tried again for `wait_s` before another process is taken to own it."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
-    with open(lock_path, "w") as lock:
-        while True:
+    while True:
+        with open(lock_path, "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel when the process dies
-                break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
+                pass
+            else:
+                if same_file(lock, lock_path):
+                    yield True
                     return
-                time.sleep(0.02)
-        yield True
+                continue  # its owner finished and removed the file this process had opened: lock the one there now
+        if time.monotonic() >= deadline:
+            yield False
+            return
+        time.sleep(0.02)
+
+
+def same_file(opened: Any, path: Path) -> bool:
+    """Whether the open file `opened` is the file at `path` now (not one removed since it was opened)."""
+    try:
+        here, there = os.fstat(opened.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def remove_finished(cfg: RunConfig) -> None:
+    """Remove the checkpoint of `cfg` and its lock where it holds every epoch: its run recorded its ledger entry, then
+    stopped before removing them (killed, or its MLflow store failed). One a process trains from now stays, and so
+    does one of an unfinished run (a retrain interrupted), to resume."""
+    ckpt = checkpoint_path(cfg)
+    if not ckpt.exists():
+        return
+    with checkpoint_owner(ckpt.with_suffix(".lock"), wait_s=0) as owner:
+        state = read_checkpoint(ckpt, {})[0] if owner else None
+        if state is not None and len(state["history"]) >= cfg.recipe.epochs:
+            ckpt.unlink(missing_ok=True)
+            ckpt.with_suffix(".lock").unlink(missing_ok=True)
+            print(f"{cfg.name}: removed the checkpoint of its finished run, {ckpt}", file=sys.stderr)
 
 
 def checkpoint_bytes(state: dict[str, Any]) -> bytes:
@@ -482,9 +513,12 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
     """Train one configuration (resuming from its checkpoint if one exists, reusing its ledger entry if one
     matches); returns its final metrics. Across `processes` (torchrun), the main one tracks, checkpoints and writes;
     the others train their part."""
-    if cfg.ledger == "record" and (entry := ledger_.find(cfg, run_code_version(cfg))) is not None:
+    if cfg.ledger == "record" and (entry := ledger_.find(cfg, run_code_version(cfg), digest_here(cfg.data_dir))):
+        if not processes.main:
+            return entry.metrics
+        remove_finished(cfg)  # a run stopped between recording its entry and removing its checkpoint
         imported = "the ledger entry is not imported into MLflow (`python -m cheaptrain.ledger import` does it later)"
-        return ledger_.reuse(entry, cfg, track and mlflow_installed(imported)) if processes.main else entry.metrics
+        return ledger_.reuse(entry, cfg, track and mlflow_installed(imported))
     tracker = open_tracker(cfg.study, track and processes.main)  # fails here, before any work, if unusable
     start(processes, device_of(processes, resolve_device(cfg.device)))
     ckpt = checkpoint_path(cfg)
@@ -496,15 +530,20 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         resume = broadcast(processes, resume_state(cfg, ckpt, ident, owner, tracker) if processes.main else None)
         logged = tracker.start(cfg.name, cfg.to_dict(), run_tags(cfg.study, cfg.device), resume and resume["run_id"],
                                dataset=dataset_ref(cfg.data_dir))  # fmt: skip
-        bar_shown = sys.stderr.isatty()  # tqdm's own test: it shows its bar only on a terminal
-        recorder = Recorder(cfg, ident, tracker, owner, resume, logged, writer, lines=processes.main and not bar_shown)
-        if resume and processes.main:
-            print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), MLflow run {tracker.run_id}",
-                  file=sys.stderr)  # fmt: skip
-            tracker.note_resume(recorder.done, recorder.machines)
-            recorder.log_missing(resume["history"])
-        else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
-            recorder.save({"history": []})
+        try:  # a run no checkpoint names yet (its first save failed) ends FAILED, not RUNNING
+            bar_shown = sys.stderr.isatty()  # tqdm's own test: it shows its bar only on a terminal
+            recorder = Recorder(cfg, ident, tracker, owner, resume, logged, writer,
+                                lines=processes.main and not bar_shown)  # fmt: skip
+            if resume and processes.main:
+                print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), MLflow run {tracker.run_id}",
+                      file=sys.stderr)  # fmt: skip
+                tracker.note_resume(recorder.done, recorder.machines)
+                recorder.log_missing(resume["history"])
+            else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
+                recorder.save({"history": []})
+        except BaseException:
+            tracker.fail("FAILED")
+            raise
         torch.set_num_threads(cpu_threads(cfg.threads, processes.local_world))  # after the lock: the others count
         try:
             try:
