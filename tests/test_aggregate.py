@@ -29,6 +29,7 @@ from cheaptrain.aggregate import (
     read_summary,
     summarize,
     summary_csv,
+    t975,
 )
 from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
 from cheaptrain.report.equal_cost import cost_table, implementation_of
@@ -131,7 +132,36 @@ def test_describe_matches_a_hand_computed_t_interval():
     assert describe([5.0]) == (5.0, None, None)
     assert describe([1.0, 3.0])[2] is None  # no interval under 3 seeds
     many = [float(i % 7) for i in range(40)]
-    assert describe(many)[2] == pytest.approx(1.96 * describe(many)[1] / math.sqrt(40))  # beyond the table
+    assert describe(many)[2] == pytest.approx(2.0227 * describe(many)[1] / math.sqrt(40), rel=1e-4)  # beyond the table
+
+
+@pytest.mark.parametrize(("df", "exact"), [(31, 2.0395), (40, 2.0211), (60, 2.0003), (120, 1.9799), (1000, 1.9623)])
+def test_the_t_quantile_beyond_the_table_is_the_exact_one(df, exact):
+    """Past the table's 30 degrees of freedom the quantile keeps falling towards 1.96, not straight to it."""
+    assert t975(df + 1) == pytest.approx(exact, abs=1e-4)  # t975 takes the number of seeds, df + 1
+
+
+def test_the_t_quantile_falls_smoothly_from_the_table_to_its_expansion():
+    assert t975(30 + 1) == 2.042 > t975(31 + 1) > t975(32 + 1) > 1.96
+
+
+def test_two_seeds_widen_the_time_saving_intervals_by_the_spread_between_them(tmp_path):
+    """Each run's epochs take the same seconds, so its bootstrap has no spread; the seeds' savings differ (26.67%,
+    18.67%): both intervals are the t-interval over the 2 seeds, t = 12.706, while the summary's ci95 columns start at
+    3 seeds as before."""
+    for seed, cheap in ((0, 1.0), (1, 1.6)):
+        write_timed_run(tmp_path, "baseline", timed_history([3.0] * 10), seed)
+        write_timed_run(tmp_path, "wus", timed_history([3.0] * 6 + [cheap] * 4, skip={7, 8, 9, 10}), seed)
+    params = {"grid": {"wus": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["baseline", "wus"],
+                               "seeds": [0, 1]}}}  # fmt: skip
+    row = by_key(summarize(collect(params, tmp_path), MEASURES))[("wus", "cifar10", "lenet", "wus")]
+    savings = [100 * (1 - (18 + 4 * cheap) / 30) for cheap in (1.0, 1.6)]
+    half = 12.706 * statistics.stdev(savings) / math.sqrt(2)
+    for name in ("own_time_saving_pct", "time_saving_pct"):
+        assert row[f"{name}_mean"] == pytest.approx(statistics.fmean(savings))
+        assert row[f"{name}_lo"] == pytest.approx(statistics.fmean(savings) - half)
+        assert row[f"{name}_hi"] == pytest.approx(statistics.fmean(savings) + half)
+        assert row[f"{name}_ci95"] is None and row[f"{name}_std"] == pytest.approx(statistics.stdev(savings))
 
 
 def test_methods_are_paired_with_the_baseline_of_the_same_seed(tmp_path):
@@ -224,12 +254,12 @@ def test_the_first_epoch_is_priced_at_the_full_epochs_rate_not_counted_among_the
     assert t.own_saving_pct == 0.0
 
 
-def write_timed_run(root: Path, method: str, history: list[dict[str, float]]) -> None:
+def write_timed_run(root: Path, method: str, history: list[dict[str, float]], seed: int = 0) -> None:
     metrics = {"final_acc": 60.0, "best_acc": 60.0, "best3_acc": 60.0, "epochs": len(history),
                "train_time_s": sum(r["epoch_train_s"] for r in history),
                "total_trained_samples": sum(r["trained_samples"] for r in history),
                "total_train_flops": sum(r["train_flops"] for r in history)}  # fmt: skip
-    write_run(root, "wus", f"cifar10-lenet-{method}-s0", history, metrics)
+    write_run(root, "wus", f"cifar10-lenet-{method}-s{seed}", history, metrics)
 
 
 def nearest_full_epoch_saving(history: list[dict[str, float]]) -> float:
@@ -453,6 +483,26 @@ def test_time_savings_within_noise_are_marked_and_never_called_findings_or_misma
     marked = [t.get_position()[0] for t in ax.texts if t.get_text() == "noise"]
     time_bar = -0.1  # offset of the time bars; own time bars at +0.1
     assert sorted(marked) == pytest.approx([1 + time_bar, 1 + 0.1, 5 + time_bar, 6 + time_bar])
+
+
+def test_a_method_slower_than_its_own_full_epochs_is_not_within_noise():
+    """Against the baseline's run, a method that did less work yet lost time is within noise (a machine busier during
+    one run); against its own full epochs, both sides from one run, the loss is its own overhead: a figure."""
+    row = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": "random_prune", "seeds": 1,
+           "acc_measure": "best3_acc", "acc_mean": 60.0, "acc_delta_mean": -0.5, "compute_saving_pct_mean": 12.0,
+           "time_saving_pct_mean": -20.0, "time_saving_pct_lo": -25.0, "time_saving_pct_hi": -15.0,
+           "own_time_saving_pct_mean": -4.0, "own_time_saving_pct_lo": -6.0,
+           "own_time_saving_pct_hi": -2.0}  # fmt: skip
+    (line,) = findings([row], {"acc_points": 0.5, "saving_points": 3.0})
+    assert "time saved -20.00% [-25.00, -15.00]: within noise (not in the paper)" in line
+    assert line.endswith("; time saved vs its own full epochs -4.00% [-6.00, -2.00].")
+    assert line.count("within noise") == 1
+    table = next(t for t in paper_tables([row]) if t.slug == "dfp_table1")
+    cells = dict(zip(table.headers, table.rows[0], strict=True))
+    assert cells["time saved %"] == "-20.0 [-25.0, -15.0] within noise"
+    assert cells["own time saved %"] == "-4.0 [-6.0, -2.0]"
+    (ax,) = [a for a in saving_figure([row]).axes if a.get_visible()]
+    assert [t.get_position()[0] for t in ax.texts if t.get_text() == "noise"] == pytest.approx([-0.1])  # time's alone
 
 
 def test_report_says_where_the_setting_differs_from_the_papers(tmp_path):

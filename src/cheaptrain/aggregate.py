@@ -16,7 +16,8 @@ ones (`baseline_collapsed_seeds`): a failed baseline is no reference for a metho
 Every statistic has a mean, a standard deviation (2+ seeds) and the half-width of a 95% t-interval (3+ seeds): columns
 `<name>_mean`, `<name>_std`, `<name>_ci95`. Wall-clock figures come from each run's robust training time
 (`cheaptrain.timing`: each epoch at the run's typical machine speed, read from its evaluation passes; a few slow epochs
-do not move it), and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`.
+do not move it), and the two time savings also have a 95% interval, `<name>_lo` and `<name>_hi`: the bootstrap of
+each run's epochs, widened to the t-interval over seeds from 2 seeds on (`timing.seed_interval`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ PAPER_MEASURE = {"dfp": "best3_acc", "wus": "final_acc"}  # the accuracy each pa
 MEASURES = ("final_acc", "best3_acc")
 CHANCE_MARGIN = 1.0  # points above chance (100 / classes) a run's final accuracy must exceed to count as trained
 
-# t_{0.975, df} for df = 1..30; beyond that the normal 1.96
+# t_{0.975, df} for df = 1..30; beyond that the Cornish-Fisher expansion (t975)
 T975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
     2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
@@ -230,17 +231,34 @@ def row_key(row: dict[str, Any]) -> tuple[str, ...]:
 
 
 def t975(n: int) -> float:
-    """The 97.5% quantile of Student's t with n-1 degrees of freedom."""
-    return T975[n - 2] if n - 1 <= len(T975) else 1.96
+    """The 97.5% quantile of Student's t with n-1 degrees of freedom: the table to 30, beyond it the Cornish-Fisher
+    expansion around the normal's quantile (within 1e-5 of the exact one from 30 on)."""
+    return T975[n - 2] if n - 1 <= len(T975) else cornish_fisher_t975(n - 1)
+
+
+def cornish_fisher_t975(df: int) -> float:
+    z = 1.959964  # the normal's 97.5% quantile
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def half_width(values: list[float]) -> float | None:
+    """The half-width t*sd/sqrt(n) of the 95% t-interval of the mean of 2+ values; None for fewer."""
+    n = len(values)
+    return t975(n) * statistics.stdev(values) / math.sqrt(n) if n >= 2 else None
 
 
 def describe(values: list[float]) -> tuple[float, float | None, float | None]:
-    """Mean, sample standard deviation (2+ values) and 95% interval half-width t*sd/sqrt(n) (3+ values)."""
+    """Mean, sample standard deviation (2+ values) and 95% interval half-width t*sd/sqrt(n) (3+ values; half_width
+    gives it from 2)."""
     n = len(values)
     mean = statistics.fmean(values)
     sd = statistics.stdev(values) if n >= 2 else None
-    ci = t975(n) * sd / math.sqrt(n) if n >= 3 and sd is not None else None
-    return mean, sd, ci
+    return mean, sd, half_width(values) if n >= 3 else None
 
 
 def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
@@ -333,8 +351,9 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
             if vals and all(v is not None for v in vals):
                 for part, value in zip(("mean", "std", "ci95"), describe(vals), strict=True):
                     row[f"{name}_{part}"] = value
-        for name, per_seed in replicates.items():
-            row[f"{name}_lo"], row[f"{name}_hi"] = seed_interval(per_seed, row[f"{name}_mean"], row[f"{name}_ci95"])
+        for name, per_seed in replicates.items():  # widened by the spread over seeds from 2 seeds on
+            spread = half_width(values[name])
+            row[f"{name}_lo"], row[f"{name}_hi"] = seed_interval(per_seed, row[f"{name}_mean"], spread)
         for name in MEANS:
             if group and all(name in r.metrics for r in group):
                 row[f"{name}_mean"] = statistics.fmean(r.metrics[name] for r in group)

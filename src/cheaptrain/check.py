@@ -26,6 +26,7 @@ from typing import Any
 
 from cheaptrain import UserError, is_number
 from cheaptrain.aggregate import BASELINE, CHANCE_MARGIN, KEY, read_summary
+from cheaptrain.report.cells import missing_figure
 
 GATES = {  # params key: (summary column, "max" for a largest drop or "min" for a smallest value, what, unit)
     "max_acc_drop": ("acc_delta_mean", "max", "accuracy drop vs baseline", "pts"),
@@ -101,17 +102,6 @@ def _where(row: dict[str, Any]) -> str:
     return f"{row['study']} {row['dataset']}/{row['model']}/{row['method']}"
 
 
-def _missing(row: dict[str, Any], column: str) -> str:
-    """Why a summary row has no figure in `column`."""
-    if column == "acc_mean":
-        return f"no {column}"
-    if row.get("acc_delta_mean") is None:
-        return "no baseline to compare with"
-    if column == "compute_saving_pct_mean":
-        return "no train_flops in its runs or its baseline's (trained before FLOPs were counted)"
-    return "no per-epoch training times in its runs"
-
-
 def evaluate(summary: list[dict[str, Any]], gate: Gate, reference: list[dict[str, Any]] | None = None) -> list[Check]:
     """Every check of the gate, in order: runs that ended at chance, thresholds per method, the reference comparison,
     then the ledger's own configurations as not checked (module docstring)."""
@@ -139,7 +129,8 @@ def evaluate(summary: list[dict[str, Any]], gate: Gate, reference: list[dict[str
                 value = row.get(column)
                 bound = f"{'<=' if sense == 'max' else '>='} {limit:.2f} {unit}"
                 if value is None or math.isnan(value):
-                    checks.append(Check("FAIL", _where(row), f"{what}: {_missing(row, column)}", "—", bound))
+                    why = missing_figure(row, column.removesuffix("_mean"))  # as the report says it
+                    checks.append(Check("FAIL", _where(row), f"{what}: {why}", "—", bound))
                     continue
                 shown = -value if sense == "max" else value  # a drop is the negative delta
                 ok = shown <= limit if sense == "max" else shown >= limit

@@ -37,7 +37,7 @@ is a cost the work measure does not count (loading, pruning's bookkeeping, a pas
 
 Spread: each figure is recomputed from epochs resampled with replacement within each kind (all but epoch 1),
 `REPLICATES` times, seeded by the run's name (the same output on every call); the 2.5th and 97.5th percentiles are
-its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 3+ seeds the
+its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 2+ seeds the
 interval is widened to the t-interval over seeds where that is wider. The interval sees how epochs scatter within
 a run, not the scatter of a kind that has a single epoch.
 
@@ -211,8 +211,11 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 
 def seed_interval(replicates: list[list[float]], mean: float, ci95: float | None) -> tuple[float, float]:
-    """The 95% interval of a mean over seeds: `replicates` holds each seed's bootstrap replicates of the figure; with
-    3+ seeds the t-interval `mean ± ci95` where it is wider. It always contains the mean."""
+    """The 95% interval of a mean over seeds: `replicates` holds each seed's bootstrap replicates of the figure, whose
+    averages see how each run's epochs scatter, not how the seeds differ; so it is widened to the t-interval
+    `mean ± ci95` over seeds where that is wider. `ci95`: its half-width, None with one seed; aggregate.summarize
+    passes it from 2 seeds on (`aggregate.half_width`: t = 12.706 at 2), though the summary's `_ci95` columns start
+    at 3. It always contains the mean."""
     lo, hi = interval([statistics.fmean(r) for r in zip(*replicates, strict=True)])
     if ci95 is not None:
         lo, hi = min(lo, mean - ci95), max(hi, mean + ci95)

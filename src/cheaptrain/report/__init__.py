@@ -15,12 +15,15 @@ as a seed of one of the grid's configurations. summary.csv and metrics.json hold
 against its 95% interval.
 
 Wall-clock savings are shown with their 95% interval and beside the compute saved, their bound (`cheaptrain.timing`).
-A time saving is "within noise" of a figure, 0 or the paper's, when its interval contains it; a time saving below 0
-of a method that did less work is within noise too, since the interval cannot see a machine that was busier during
-one run than during the other. Such a figure is neither called a finding nor a mismatch; against the paper's figure,
-one within `aggregate.agree_within` points of it matches (`tables.time_kind`). A time saving whose interval lies wholly
-more than those points above the compute saved, its bound, is noise whether the paper has a figure or not
-(`tables.above_bound`): the machine's speed moved, not the work.
+A time saving is "within noise" of a figure, 0 or the paper's, when its interval contains it; a time saving against
+the baseline's run (`time_saving_pct`) below 0 of a method that did less work is within noise too, since the interval
+cannot see a machine that was busier during one run than during the other. That does not hold for the saving against
+the run's own full epochs (`own_time_saving_pct`): both sides come from one run, priced on its own evaluation clock,
+so a cheaper epoch slower than a full one is the method's own overhead, a figure like any other. A figure within
+noise is neither called a finding nor a mismatch; against the paper's figure, one within `aggregate.agree_within`
+points of it matches (`tables.time_kind`). A time saving whose interval lies wholly more than those points above the
+compute saved, its bound, is noise whether the paper has a figure or not (`tables.above_bound`): the machine's speed
+moved, not the work.
 
     cells       a summary figure as a table cell; the Table every section builds
     tables      the papers' tables with ours, and the findings: what matches the papers and what does not

@@ -52,17 +52,32 @@ def paired_note(row: dict[str, Any], name: str) -> str:
     return f" ({over} of {seeds} seeds)" if over < seeds else ""
 
 
+def seeds_text(seeds: str | None) -> str:
+    """'seed 3' or 'seeds 0, 1' from a summary's space-separated seeds; '' for none."""
+    listed = str(seeds or "").split()
+    return f"seed{'s' * (len(listed) > 1)} {', '.join(listed)}" if listed else ""
+
+
 def missing_figure(row: dict[str, Any], name: str) -> str:
-    """Why a method row lacks the figure `name`: no baseline of its seeds yet, or one that ended at chance (the
-    paired figures), or what its runs did not record."""
-    if row.get("acc_delta_mean") is None:
-        if failed := str(row.get("baseline_collapsed_seeds") or "").split():
-            return f"the baseline of seed{'s' * (len(failed) > 1)} {', '.join(failed)} ended at chance"
-        if unpaired := str(row.get("unpaired_seeds") or "").split():
-            return f"no baseline of seed{'s' * (len(unpaired) > 1)} {', '.join(unpaired)} yet"
+    """Why a row lacks the figure `name`: its own seeds all ended at chance; for a figure against the baseline
+    (PAIRED), no baseline of its seeds yet, one that ended at chance, or a pair trained on different machines; else
+    what its runs did not record. The report and the gate (cheaptrain.check) both give it."""
+    if not row.get("seeds") and (own := seeds_text(row.get("collapsed_seeds"))):
+        return f"its {own} ended at chance" if own.startswith("seed ") else f"its {own} all ended at chance"
+    if name in PAIRED and row.get("acc_delta_mean") is None:
+        if failed := seeds_text(row.get("baseline_collapsed_seeds")):
+            return f"the baseline of {failed} ended at chance"
+        if waiting := seeds_text(row.get("unpaired_seeds")):
+            return f"no baseline of {waiting} yet"
         return "no baseline at this setting"
+    if name == "time_saving_pct" and row.get("time_unpaired"):
+        return f"it and its baseline trained on different machines ({row['time_unpaired']})"
+    if name == "compute_saving_pct":
+        return "no train_flops in its runs or its baseline's (trained before FLOPs were counted)"
+    if name == "time_saving_pct":
+        return "no per-epoch times in its runs or its baseline's"
     if name == "own_time_saving_pct":
-        return "no per-epoch times"
+        return "no per-epoch times in its runs"
     return "not in its runs' metrics"
 
 
@@ -104,11 +119,13 @@ def less_work(row: dict[str, Any]) -> bool:
 
 
 def within_noise(row: dict[str, Any], name: str, compared: float) -> bool:
-    """Whether the wall-clock saving `name` cannot be told from `compared` (the docstring of cheaptrain.report)."""
+    """Whether the wall-clock saving `name` cannot be told from `compared` (the docstring of cheaptrain.report): its
+    interval contains it, or, against the baseline's run alone, a method that did less work lost time."""
     mean, lo, hi = (row.get(f"{name}_{part}") for part in ("mean", "lo", "hi"))
     if row["method"] == BASELINE or mean is None:
         return False
-    return (lo is not None and lo <= compared <= hi) or (mean < 0 and less_work(row))
+    busier = name == "time_saving_pct" and mean < 0 and less_work(row)  # one run's machine busier than the other's
+    return (lo is not None and lo <= compared <= hi) or busier
 
 
 def saving_cell(row: dict[str, Any], name: str) -> str:

@@ -302,9 +302,9 @@ def paper_scale(
         f"±{agree['saving_points']:g} points (time saved, reduction) of the paper's figure (params "
         "`aggregate.agree_within`) or, for the accuracy Δ and the reduction, the paper's figure lies within our 95% "
         "t-interval. A time saving further from the paper's is within noise, never outside tolerance, when its "
-        "interval contains the paper's figure or it is negative for a method that did less work; one above the "
-        "compute saved is within noise too. Not yet run: no run at the paper's setting, or (accuracy Δ) no baseline of "
-        "any of its seeds yet; with some, the Δ is over those (seeds: '2 of 3').",
+        "interval contains the paper's figure; one above the compute saved is within noise too. Not yet run: no run "
+        "at the paper's setting, or (accuracy Δ) no baseline of any of its seeds yet; with some, the Δ is over those "
+        "(seeds: '2 of 3').",
         "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "
         "saves, so it bounds the time saving on any hardware; a paper's time saving above it cannot come from the "
         "work the method leaves out alone.",

@@ -14,6 +14,7 @@ from cheaptrain.aggregate import (
     Run,
     accuracy_measures,
     add_published,
+    collapsed,
     collect,
     config_key,
     headline,
@@ -100,10 +101,12 @@ def report_markdown(
         f"±{agree['saving_points']:g} points (savings) of the paper's, or within our 95% interval when that is "
         "wider (params `aggregate.agree_within`). A time saving is within noise, neither a finding nor a mismatch, "
         "when its 95% interval contains the figure it is compared with (0, or the paper's when ours lies further "
-        "than the tolerance from it), or when it is negative for a method that did less work. The compute saved is "
-        "what an ideal implementation saves on any hardware: the bound for the time saved; a time saving whose "
-        f"interval lies wholly more than {agree['saving_points']:g} points above it is noise, not a finding, "
-        "whether or not the paper has a figure to compare with.",
+        "than the tolerance from it); so is a negative time saved against the baseline's run by a method that did "
+        "less work (a machine busier during one run than the other), not one against the run's own full epochs: "
+        "both sides from one run, that loss is the method's own overhead. The compute saved is what an ideal "
+        "implementation saves on any hardware: the bound for the time saved; a time saving whose interval lies "
+        f"wholly more than {agree['saving_points']:g} points above it is noise, not a finding, whether or not the "
+        "paper has a figure to compare with.",
         "",
     ]
     lines += [f"- {line}" for line in findings(summary, agree, accuracies)]
@@ -170,7 +173,8 @@ def log_to_mlflow(
     tags = stage_tags() | {"runs": str(len(runs)), "studies": ",".join(sorted({r.study for r in runs}))}
     name = f"aggregate-{tags['dvc_exp']}" if tags["dvc_exp"] else "aggregate"
     with mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=tags) as active:
-        mlflow.log_metrics({metric_key(k.replace(".", "/")): v for k, v in flatten(metrics).items()})
+        logged = flatten(metrics).items()  # a configuration whose every seed ended at chance has none: {}
+        mlflow.log_metrics({metric_key(k.replace(".", "/")): v for k, v in logged if is_number(v)})
         columns = list(dict.fromkeys(k for row in summary for k in row))
         mlflow.log_table({c: [row.get(c) for row in summary] for c in columns}, "tables/summary.json")
         for table in tables:
@@ -236,7 +240,8 @@ def write_results(
     cost = cost_table(rows, implementation_of(runs), agree["cost_points"], accuracies=accuracies)
     networks = {k[:3] for k in published}
     report = report_markdown(rows, runs, run_devices(runs), networks, agree, tables, scale, cost, accuracies)
-    figs = figures(rows, runs) | scale_figures
+    learned = [run for run in runs if not collapsed(run)]  # a run at chance is left out of every figure
+    figs = figures(rows, learned) | scale_figures
     metrics = headline(summary)
     files: dict[str, str | bytes] = {
         "summary.csv": summary_csv(summary),
@@ -244,7 +249,7 @@ def write_results(
         "metrics.json": json.dumps(metrics, indent=2) + "\n",
     }
     files |= {f"figures/{name}": png(fig) for name, fig in figs.items()}
-    files |= {f"curves/{'-'.join(key)}.csv": curves_csv(group) for key, group in configurations(runs).items()}
+    files |= {f"curves/{'-'.join(key)}.csv": curves_csv(group) for key, group in configurations(learned).items()}
     for stale in (out / "curves").glob("*.csv"):  # configurations no longer in the grid
         if f"curves/{stale.name}" not in files:
             stale.unlink()

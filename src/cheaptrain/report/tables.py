@@ -17,6 +17,7 @@ from cheaptrain.report.cells import (
     Table,
     cheap_epoch_cell,
     fmt,
+    missing_figure,
     paired_note,
     paper,
     saving_cell,
@@ -41,8 +42,8 @@ TIME_NOTE = (
     "speed; own time saved: against the run's own full epochs. The robust time puts each epoch at the run's typical "
     "machine speed, read from its evaluation passes (the same work every epoch), and weighs each kind of epoch by its "
     "median seconds per unit of work, so neither drift nor a few slow epochs move it (`src/cheaptrain/timing.py`); "
-    "[lo, hi] is the 95% interval; within "
-    "noise: the interval contains 0, or the method lost time while doing less work. " + CHEAP_EPOCH_NOTE + " "
+    "[lo, hi] is the 95% interval; within noise: the interval contains 0, or (time saved) the method lost time "
+    "while doing less work. " + CHEAP_EPOCH_NOTE + " "
 )
 
 
@@ -180,6 +181,9 @@ def findings(
     rows = {tuple(r[k] for k in KEY): r for r in summary}
     for row in summary:
         where = f"{row['study'].upper()} {row['dataset']}/{row['model']}/{row['method']}"
+        if row.get("acc_mean") is None:  # every seed ended at chance: the row has no figure
+            lines.append(f"{where}: {missing_figure(row, 'acc')}.")
+            continue
         if row["method"] == BASELINE:
             if row.get("paper_acc") is not None:
                 lines.append(
@@ -189,7 +193,8 @@ def findings(
             else:
                 lines.append(f"{where}: {stat(row, 'acc')}%; this configuration is {NOT_IN_PAPER}.")
             continue
-        parts = [compare(row, "acc_delta", "paper_acc_delta", "accuracy Δ", agree["acc_points"], " points")]
+        delta = compare(row, "acc_delta", "paper_acc_delta", "accuracy Δ", agree["acc_points"], " points")
+        parts = [delta or f"no accuracy Δ ({missing_figure(row, 'acc_delta')})"]
         parts += time_findings(row, agree["saving_points"])
         parts.append(
             compare(
@@ -214,7 +219,7 @@ def findings(
                 f"DFP's selection against this random control: {gain} at "
                 f"{fmt(dfp.get(f'{name}_mean'), 1)}% vs {fmt(row.get(f'{name}_mean'), 1)}% {what} saved"
             )
-        lines.append(f"{where}: " + ("; ".join(parts) if parts else "no baseline to compare with") + ".")
+        lines.append(f"{where}: {'; '.join(parts)}.")
     return lines
 
 
