@@ -27,6 +27,7 @@ quickstart: $(BIN)/.installed
 # (tests/conftest.py: each runs the files it claims first), so all stay busy until it is empty. The main session also
 # runs the tests that read the quick pipeline (which conftest.py starts in the background for it); the helpers' output
 # follows the main one's. OpenMP threads sleep while waiting: the same results, and no spinning against a neighbour.
+# A background job ignores Ctrl-C: the trap ends the helpers with the main session.
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -34,6 +35,7 @@ test: $(BIN)/.installed
 	for n in $$(seq 2 $(SESSIONS)); do \
 	  CHEAPTRAIN_TEST_ROLE=helper $(BIN)/python -m pytest > .pytest-helper-$$n.log 2>&1 & helpers="$$helpers $$!"; \
 	done; \
+	trap 'kill $$helpers 2>/dev/null; rm -rf "$$CHEAPTRAIN_TEST_QUEUE"; exit 130' INT TERM HUP; \
 	$(BIN)/python -m pytest; status=$$?; \
 	n=1; for pid in $$helpers; do n=$$((n + 1)); wait $$pid || status=1; echo "== helper session $$n"; cat .pytest-helper-$$n.log; done; \
 	rm -rf "$$CHEAPTRAIN_TEST_QUEUE"; exit $$status

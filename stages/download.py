@@ -20,17 +20,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this che
 from cheaptrain import UserError
 from cheaptrain.cli import run_command
 
+SETTINGS = ("source", "sha256", "train_size")  # of download.<dataset>; prepare_dataset reads these only
+
 
 def download_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
-    """Params `download.<dataset>`, its types checked (before validate_grid, which reads every dataset's section)."""
+    """Params `download.<dataset>`, its types checked, and the keys of every dataset's section (before validate_grid,
+    which reads every dataset's section)."""
     section = params.get("download") or {}
     if not isinstance(section, dict):
         raise UserError(f"download: {section!r} is invalid; accepted: a mapping of datasets and dataset sections")
     for name, settings in section.items():
-        if name != "datasets" and not isinstance(settings or {}, dict):
-            raise UserError(
-                f"download.{name}: {settings!r} is invalid; accepted: a mapping (source, sha256, train_size)"
-            )
+        if name == "datasets":
+            continue
+        if not isinstance(settings or {}, dict):
+            raise UserError(f"download.{name}: {settings!r} is invalid; accepted: a mapping ({', '.join(SETTINGS)})")
+        # a typo would pass unseen: `sha_256:` turns the check off, `trainsize:` trains on every image
+        if unknown := [f"download.{name}.{key}" for key in settings or {} if key not in SETTINGS]:
+            raise UserError(f"{', '.join(unknown)}: unknown; accepted: {', '.join(SETTINGS)}")
     settings = section.get(dataset) or {}
     source, sha256 = settings.get("source", "torchvision"), settings.get("sha256")
     if not isinstance(source, str):

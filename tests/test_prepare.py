@@ -1,7 +1,10 @@
 """Tests for cheaptrain.prepare on tiny synthetic archives (one e2e test on the real shared archive)."""
 
+import errno
+import gzip
 import hashlib
 import http.server
+import importlib.util
 import io
 import json
 import os
@@ -339,6 +342,27 @@ def test_a_sha256_checks_the_params_archive_not_another_one_the_environment_name
     assert_fails_cleanly(tmp_path, str(other), "Checksum mismatch", sha256=sha256_of(pinned))
 
 
+def test_a_source_from_the_environment_warns_that_the_params_sha256_is_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pinned = write_archive(tmp_path / "pinned.tar", folder_entries(sample_images(0)))
+    other = write_archive(tmp_path / "other.tar", folder_entries(sample_images(1)))
+
+    def prepare_pinned(sha256: str | None) -> None:
+        prepare_dataset("cifar10", str(pinned), tmp_path / "out", tmp_path / "cache", sha256=sha256, progress=False)
+
+    monkeypatch.setenv("CIFAR10_SOURCE", str(other))
+    prepare_pinned(sha256_of(pinned))
+    assert capsys.readouterr().err == (
+        f"warning: CIFAR10_SOURCE names the source {other}: the sha256 of params (download.cifar10.sha256) is not "
+        "checked for that source\n"
+    )
+    prepare_pinned(None)  # no sha256 to drop
+    monkeypatch.setenv("CIFAR10_SOURCE", str(pinned))  # the params' own archive: checked
+    prepare_pinned(sha256_of(pinned))
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     ("section", "message"),
     [
@@ -355,6 +379,33 @@ def test_the_download_stage_names_a_param_of_the_wrong_type(tmp_path: Path, sect
     result = run_stage(REPO / "stages" / "download.py", *args, cwd=tmp_path)  # fails before any work: in this process
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
+
+
+@pytest.mark.parametrize(
+    ("dataset", "key"), [("cifar10", "sha_256"), ("cifar10", "trainsize"), ("cifar10", "sorce"), ("cifar100", "sorce")]
+)
+def test_the_download_stage_refuses_an_unknown_key_before_any_download(tmp_path: Path, dataset: str, key: str) -> None:
+    """A typo must not pass unseen: `sha_256:` would turn the archive's check off, `trainsize:` train on every image."""
+    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["download"]["cifar10"]["source"] = str(archive)
+    params["download"][dataset][key] = "x"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--dataset", "cifar10", "--no-mlflow", "--out", "prepared", "--cache", "raw"]
+    result = run_stage(REPO / "stages" / "download.py", *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == f"error: download.{dataset}.{key}: unknown; accepted: source, sha256, train_size\n"
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
+
+
+@pytest.mark.parametrize("name", ["params.yaml", "params.quick.yaml"])
+def test_the_params_files_download_sections_are_accepted(name: str) -> None:
+    spec = importlib.util.spec_from_file_location("download_stage", REPO / "stages" / "download.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    params = yaml.safe_load((REPO / name).read_text())
+    for dataset in params["download"]["datasets"]:
+        assert stage.download_settings(params, dataset) == params["download"][dataset]
 
 
 def test_unknown_dataset_lists_the_accepted_names(tmp_path: Path) -> None:
@@ -548,6 +599,42 @@ def test_unreadable_archive_then_retry(tmp_path: Path, name: str, damage: Callab
     assert_retry_succeeds(tmp_path, str(path))
 
 
+@pytest.mark.parametrize("damage", ["pixel", "crc", "length"])
+def test_a_tar_gz_that_fails_its_gzip_check_is_refused_then_retry(tmp_path: Path, damage: str) -> None:
+    """tarfile stops at the end-of-archive marker, before gzip's trailer: a flipped bit must still be caught."""
+    images = sample_images()
+    tar = write_archive(tmp_path / "src.tar", folder_entries(images, fmt="PPM")).read_bytes()  # raw, unchecked pixels
+    good = gzip.compress(tar, compresslevel=0, mtime=0)  # stored deflate blocks: the pixels lie there verbatim
+    row = images["train"]["cat"][1][5].tobytes()  # 32 pixels of one image
+    where = {"pixel": good.find(row), "crc": len(good) - 8, "length": len(good) - 4}[damage]  # trailer: CRC, length
+    assert where > 0
+    data = bytearray(good)
+    data[where] ^= 1
+    archive = tmp_path / "src.tar.gz"
+    archive.write_bytes(data)
+    error = str(assert_fails_cleanly(tmp_path, str(archive), "is corrupt: its compressed stream fails its checksum"))
+    assert str(archive) in error and "BadGzipFile" in error
+    archive.write_bytes(good)
+    assert_retry_succeeds(tmp_path, str(archive))
+    train = load_split(tmp_path / "previous", "train").images
+    np.testing.assert_array_equal(train, expected_arrays(images)["train"][0])
+
+
+def test_a_tar_cut_at_a_member_boundary_is_refused_as_incomplete_then_retry(tmp_path: Path) -> None:
+    """Cut between two members, an uncompressed tar reads as a complete one with fewer images."""
+    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
+    with tarfile.open(archive) as tf:
+        last = tf.getmembers()[-1]
+    whole = archive.read_bytes()
+    archive.write_bytes(whole[: last.offset])
+    split, cls = last.name.split("/")[:2]
+    kind, n = ("training", PER_CLASS["train"]) if split == "train" else ("test", PER_CLASS["test"])
+    match = f"the archive is incomplete or not CIFAR's: class {cls} has {n - 1} {kind} images, the others {n}"
+    assert str(archive) in str(assert_fails_cleanly(tmp_path, str(archive), re.escape(match)))
+    archive.write_bytes(whole)
+    assert_retry_succeeds(tmp_path, str(archive))
+
+
 def test_checksum_mismatch_names_both_checksums_then_retry(tmp_path: Path) -> None:
     archive = write_archive(tmp_path / "src.tar.gz", folder_entries(sample_images()))
     wrong = "0" * 64
@@ -610,28 +697,36 @@ _PNG = encode(np.zeros((32, 32, 3), dtype=np.uint8))
             lambda entries: {"readme.txt": b"hello", "images/0.png": _PNG}, "neither known layout", id="unknown-layout"
         ),
         pytest.param(
+            _without("train/ship/0001.png", "train/truck/0000.png", "train/truck/0002.png"),
+            "class ship has 2 training images, class truck has 1 training images, the others 3",
+            id="classes-of-different-sizes",
+        ),
+        pytest.param(
+            _with("test/dog/0002.png", _PNG), "class dog has 3 test images, the others 2", id="one-image-too-many"
+        ),
+        pytest.param(
             lambda entries: {f"{root}/{k}": v for k, v in entries.items() for root in ("a", "b")},
             "several top-level folders",
             id="two-top-level-folders",
         ),
         pytest.param(
-            _with("train/cat/9999.png", encode(np.zeros((32, 31, 3), dtype=np.uint8))),
-            "image train/cat/9999.png is 31x32 RGB, but CIFAR images are 32x32 RGB",
+            _with("train/cat/0000.png", encode(np.zeros((32, 31, 3), dtype=np.uint8))),
+            "image train/cat/0000.png is 31x32 RGB, but CIFAR images are 32x32 RGB",
             id="not-32x32",
         ),
         pytest.param(
-            _with("test/dog/9999.png", encode(np.zeros((32, 32), dtype=np.uint8))),
-            "image test/dog/9999.png is 32x32 L, but",
+            _with("test/dog/0000.png", encode(np.zeros((32, 32), dtype=np.uint8))),
+            "image test/dog/0000.png is 32x32 L, but",
             id="grayscale",
         ),
         pytest.param(
-            _with("train/cat/9999.png", b"not an image"),
-            "cannot decode the image train/cat/9999.png",
+            _with("train/cat/0000.png", b"not an image"),
+            "cannot decode the image train/cat/0000.png",
             id="not-an-image",
         ),
         pytest.param(
-            _with("test/cat/9999.png", _PNG[: len(_PNG) // 2]),
-            "cannot decode the image test/cat/9999.png",
+            _with("test/cat/0000.png", _PNG[: len(_PNG) // 2]),
+            "cannot decode the image test/cat/0000.png",
             id="truncated-image",
         ),
     ],
@@ -675,6 +770,44 @@ def test_interrupted_write_leaves_nothing_or_the_previous_output(
     assert snapshot(previous) == before
     assert not (tmp_path / "fresh").exists()
     assert leftovers(tmp_path) == []
+
+
+def test_an_output_or_cache_that_cannot_be_written_is_one_error_line(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
+    (tmp_path / "afile").write_text("not a folder")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    stage = REPO / "stages" / "download.py"
+    for source, args, message in [
+        (str(archive), ["--out", "afile"], f"error: Cannot write the prepared data to {Path('afile', 'cifar10')} "),
+        (archive.as_uri(), ["--cache", "afile/c"], f"error: Cannot use {Path('afile', 'c')} as the download cache "),
+    ]:
+        params["download"]["cifar10"]["source"] = source
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        result = run_stage(stage, "--dataset", "cifar10", "--no-mlflow", *args, cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
+        assert "File exists" in result.stderr or "Not a directory" in result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+        assert not (tmp_path / "data").exists()  # the default of the other folder: left before anything was written
+    assert leftovers(tmp_path) == []
+
+
+def test_a_full_disk_while_writing_leaves_nothing_or_the_previous_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
+    write_prepared(tmp_path / "previous", tiny_splits(), CIFAR10_CLASSES, {"run": "previous"})
+    real_save = prepare._save_npz
+
+    def save_then_fill_the_disk(path: Path, **arrays: np.ndarray) -> None:
+        if path.name == "test.npz":  # the second file: train.npz is already written
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_save(path, **arrays)
+
+    monkeypatch.setattr(prepare, "_save_npz", save_then_fill_the_disk)
+    error = str(assert_fails_cleanly(tmp_path, str(archive), "Cannot write the prepared data to"))
+    assert str(tmp_path / "previous") in error and "No space left on device" in error
+    monkeypatch.setattr(prepare, "_save_npz", real_save)
+    assert_retry_succeeds(tmp_path, str(archive))
 
 
 def test_stale_partial_folders_of_killed_runs_are_removed(tmp_path: Path) -> None:

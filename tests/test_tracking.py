@@ -45,6 +45,7 @@ from cheaptrain.tracking import (
     ensure_experiment,
     log_stage_run,
     stage_tags,
+    tracking_uri,
 )
 
 from conftest import REPO, read_csv, run_in, run_stage, synthetic_split
@@ -259,6 +260,21 @@ def test_experiments_of_any_sqlite_store_keep_their_artifacts_beside_it(tmp_path
     monkeypatch.chdir(tmp_path / "elsewhere")
     experiment = MlflowClient(uri).get_experiment(ensure_experiment("dfp"))
     assert experiment.artifact_location == (tmp_path / "stores" / "mlartifacts" / "dfp").as_uri()
+
+
+def test_a_relative_sqlite_store_is_the_repository_roots_also_from_a_temporary_copy(tmp_path, monkeypatch):
+    """`dvc exp run --temp` runs a stage in a copy it deletes afterwards, with DVC_ROOT the workspace: a store named
+    sqlite:///mine.db, as `mlflow ui --backend-store-uri sqlite:///mlflow.db` names it, is the workspace's file."""
+    for folder in ("workspace", "copy"):
+        (tmp_path / folder).mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mine.db?timeout=30")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "workspace"))
+    monkeypatch.chdir(tmp_path / "copy")
+    assert tracking_uri() == f"sqlite:///{tmp_path / 'workspace' / 'mine.db'}?timeout=30"
+    ensure_experiment("dfp")
+    assert (tmp_path / "workspace/mine.db").is_file() and not list((tmp_path / "copy").iterdir())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'copy' / 'mine.db'}")  # absolute: as it is
+    assert tracking_uri() == f"sqlite:///{tmp_path / 'copy' / 'mine.db'}"
 
 
 def test_a_stage_run_the_store_refuses_is_marked_failed_not_left_running(store):

@@ -21,14 +21,16 @@ import pickle
 import re
 import shutil
 import socket
+import sys
 import tarfile
 import urllib.parse
 import urllib.request
 import zipfile
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import ClassVar
+from typing import IO, ClassVar
 
 import numpy as np
 from PIL import Image
@@ -154,6 +156,12 @@ def prepare_dataset(
     # official archive by its md5), and the manifest records its own.
     vouched = bool(source.strip()) and resolved == resolve_source(dataset, source, environment=False)
     expected = sha256.strip().lower() if sha256 and vouched else None
+    if sha256 and sha256.strip() and not vouched:
+        print(
+            f"warning: {_env_var(dataset)} names the source {resolved}: the sha256 of params "
+            f"(download.{dataset}.sha256) is not checked for that source",
+            file=sys.stderr,
+        )
     if resolved == "torchvision":
         splits, classes, archive = _from_torchvision(info, cache_dir, expected)
         layout = "torchvision"
@@ -212,6 +220,7 @@ def _first_of_each_class(
 def _from_torchvision(info: DatasetInfo, cache_dir: Path, expected: str | None) -> tuple[Splits, list[str], dict]:
     from torchvision import datasets  # slow import, needed by this source only
 
+    _make_cache(cache_dir)
     dataset_class = getattr(datasets, info.torchvision_class)
     previous_timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # torchvision's urlopen has no timeout of its own
@@ -256,7 +265,7 @@ def _local_archive(info: DatasetInfo, resolved: str) -> Path:
 def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None, progress: bool) -> Path:
     """Download into cache_dir under a temporary name, renamed when complete; reuse a copy that verifies."""
     parsed = urllib.parse.urlparse(url)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    _make_cache(cache_dir)
     dest = cache_dir / (PurePosixPath(parsed.path).name or f"{info.name}-source")
     # Without an expected checksum a cached copy cannot be trusted to be the same data: download again.
     if dest.is_file() and (expected or dest.name == info.filename):
@@ -300,6 +309,16 @@ def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def _make_cache(cache_dir: Path) -> None:
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file on its path, a read-only disk
+        raise DataError(
+            f"Cannot use {cache_dir} as the download cache ({describe_error(e)}): give a folder that can be "
+            "written (the stage's --cache)."
+        ) from e
 
 
 def _digests(path: Path) -> tuple[str, str]:
@@ -361,7 +380,9 @@ def _archive_files(path: Path, progress: bool) -> dict[str, bytes]:
                     if not m.is_dir()
                 }
         with tarfile.open(path, "r:*") as tf:
-            return {PurePosixPath(m.name).as_posix(): tf.extractfile(m).read() for m in tqdm(tf, **bar) if m.isfile()}
+            files = {PurePosixPath(m.name).as_posix(): tf.extractfile(m).read() for m in tqdm(tf, **bar) if m.isfile()}
+            _read_to_the_end(path, tf.fileobj)
+            return files
     # RuntimeError: encrypted zip; NotImplementedError: unsupported zip compression.
     except (
         tarfile.TarError,
@@ -377,6 +398,20 @@ def _archive_files(path: Path, progress: bool) -> dict[str, bytes]:
             f"Cannot read {path} as a tar or zip archive ({describe_error(e)}): it is not an "
             "archive, or it is truncated or corrupt. Replace it with a complete copy and run "
             "again."
+        ) from e
+
+
+def _read_to_the_end(path: Path, stream: IO[bytes]) -> None:
+    """Read a tar's (decompressed) stream to its end: tarfile stops at the end-of-archive marker, before gzip's trailer,
+    so only reading on checks its CRC and length, the one check of an image folder without a sha256. What is left
+    is the tar's padding: a few KiB."""
+    try:
+        while stream.read(1 << 20):
+            pass
+    except (EOFError, zlib.error, lzma.LZMAError, OSError) as e:  # gzip's BadGzipFile is an OSError
+        raise DataError(
+            f"{path} is corrupt: its compressed stream fails its checksum or ends early ({describe_error(e)}); "
+            "fetch it again, or replace it with a good copy."
         ) from e
 
 
@@ -431,6 +466,8 @@ def _decode_image_folder(
             f"{where} has {len(classes)} class folders, but {info.name} has {info.num_classes}: "
             "a class folder is missing, or this is an archive of another dataset."
         )
+    for split in SPLITS:
+        _check_balanced(where, split, {cls: len(splits[split][cls]) for cls in classes})
 
     out: Splits = {}
     total = sum(len(names) for split in splits.values() for names in split.values())
@@ -444,6 +481,19 @@ def _decode_image_folder(
                 bar.update()
             out[split] = (images, np.array([label for _, label in members], dtype=np.int64))
     return out, classes
+
+
+def _check_balanced(where: str, split: str, counts: dict[str, int]) -> None:
+    """CIFAR's splits hold as many images of each class: a tar cut at a member boundary reads without an error, but
+    with fewer images in its last class."""
+    usual = Counter(counts.values()).most_common(1)[0][0]
+    kind = "training" if split == "train" else "test"
+    odd = [f"class {cls} has {n} {kind} images" for cls, n in counts.items() if n != usual]
+    if odd:
+        raise DataError(
+            f"{where}: the archive is incomplete or not CIFAR's: {', '.join(odd)}, the others {usual}. Replace it "
+            "with a complete copy of a CIFAR archive."
+        )
 
 
 def _decode_image(path: Path, name: str, data: bytes) -> np.ndarray:
@@ -519,7 +569,8 @@ def write_prepared(
     """Write {train,test}.npz and manifest.json into out_dir atomically; return the manifest.
 
     Everything is built in a sibling temporary folder that replaces out_dir by renames only when complete,
-    so out_dir is either absent, the previous complete data or the new complete data.
+    so out_dir is either absent, the previous complete data or the new complete data, also when writing fails (a
+    DataError: a full disk, a file in the way).
     """
     out_dir = Path(out_dir)
     classes = [str(c) for c in classes]
@@ -545,6 +596,19 @@ def write_prepared(
         },
     }  # content only (no times, no absolute paths): identical data gives an identical manifest
 
+    try:
+        _write_folder(out_dir, arrays, classes, manifest)
+    except OSError as e:  # a file where a folder must be, a read-only or full disk
+        raise DataError(
+            f"Cannot write the prepared data to {out_dir} ({describe_error(e)}): give a folder that can be written "
+            "and has free space (the stage's --out)."
+        ) from e
+    return manifest
+
+
+def _write_folder(
+    out_dir: Path, arrays: dict[str, tuple[np.ndarray, np.ndarray]], classes: list[str], manifest: dict
+) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(out_dir)
     partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
@@ -558,7 +622,6 @@ def write_prepared(
     except BaseException:  # including KeyboardInterrupt: never leave a partial folder behind
         _remove(partial)
         raise
-    return manifest
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:

@@ -52,14 +52,17 @@ def load_overlay(path: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m cheaptrain.quick", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m cheaptrain.quick",
+        usage="%(prog)s [-h] [--dry-run] [overlay] [-- DVC_EXP_RUN_ARGS ...]",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("overlay", nargs="?", default="params.quick.yaml", help="overlay file (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc command without running it")
-    parser.add_argument("dvc_args", nargs=argparse.REMAINDER, help="after --: more arguments for `dvc exp run`")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    args = parser.parse_args(ours)  # what follows -- is dvc's alone, flags too
     overlay = load_overlay(Path(args.overlay))
-    extra = args.dvc_args[1:] if args.dvc_args[:1] == ["--"] else args.dvc_args
     command = ["dvc", "exp", "run", *[a for o in overrides(overlay) for a in ("-S", o)], *extra]
     print(shlex.join(command), flush=True)
     if args.dry_run:
@@ -68,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     original = params.read_bytes()
     try:
         returncode = subprocess.run(command).returncode
+    except FileNotFoundError:
+        raise UserError("dvc is not on PATH: run in the project's environment (`source .venv/bin/activate`)") from None
     finally:
         atomic_write(params, original)  # `dvc exp run -S` wrote the overlay into it
     sys.exit(returncode)

@@ -2,8 +2,8 @@
 
 Default store: an SQLite database `mlflow.db` at the repository root, artifacts in `mlartifacts/` beside it.
 Under `dvc exp run --temp/--queue` stages run in a temporary copy of the repo; DVC then sets DVC_ROOT to the real
-root, so runs still land in the workspace store. MLFLOW_TRACKING_URI overrides the store (another SQLite file, or
-a tracking server: `python -m cheaptrain.server`).
+root, so runs still land in the workspace store. MLFLOW_TRACKING_URI overrides the store (another SQLite file, a
+relative path being the repository root's, or a tracking server: `python -m cheaptrain.server`).
 
 The store is checked when a stage starts, before any work: a misconfigured or unreachable store fails within
 seconds with one clear error (MLflow alone retries an HTTP server for minutes, an unopenable SQLite file for ~100 s).
@@ -96,7 +96,16 @@ def default_uri() -> str:
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or default_uri()
+    """MLFLOW_TRACKING_URI, else the default store. A relative SQLite path there is the repository root's
+    (project_root), as the default store is: a temporary copy of the repository would lose its own file."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return default_uri()
+    path = sqlite_file(uri)
+    if path is None or path.is_absolute():
+        return uri
+    query = uri.partition("?")[1] + uri.partition("?")[2]
+    return f"sqlite:///{project_root() / path}{query}"
 
 
 def sqlite_file(uri: str) -> Path | None:
