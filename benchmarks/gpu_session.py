@@ -124,7 +124,9 @@ KNOWN_START_S = 20  # VGG-16's WUS run, h100-2026-11-27c: at most 310 s from its
 KNOWN_KEYS = ("dataset", "recipe", "model_args", "amp", "channels_last", "compile", "cudnn_benchmark", "fused_sgd",
               "processes", "eval_batch_size")  # fmt: skip
 STOP_AT = 1.25  # a run whose pace needs this many times the time left stops the newest run
-MEASURE_S = 60  # measuring a model: it is measured only if this and a run at MEASURE_FASTER x the fastest rate fit
+# measuring a model: it is measured only if this is left and, while a run of a measured model would end in time
+# instead, this and a run at MEASURE_FASTER x the fastest rate fit (else the device has nothing else to do)
+MEASURE_S = 60
 # A model not measured yet may train faster than any measured: in one H100 session VGG-16 raced at 34,948 images/s,
 # VGG-13 at 40,357 and WRN-10 at 46,354 (1.33x), in `graphs-fused` (h100-2026-11-27)
 MEASURE_FASTER = 1.5
@@ -503,6 +505,12 @@ def train(
     session.say(f"-> every run trains as '{best.name}': {' '.join(f'-S {s}' for s in settings(best, device))}")
     runs: list[Training] = []
     queue, packed = list(pending), 0
+
+    def alone_s(spec: Spec, rate: Rate) -> float:
+        """A run of `spec` alone at `rate`: estimate_s."""
+        cfg = configs[spec]
+        return estimate_s(cfg.recipe.epochs, train_size(cfg.data_root, cfg.dataset), rate, 1, shares[spec])
+
     write_state(runs)
     while True:
         now = time.monotonic()
@@ -535,8 +543,10 @@ def train(
                     continue  # measured only while nothing trains
                 fastest = max(rates.values(), key=lambda rate: rate.images_per_s)
                 hoped = replace(fastest, images_per_s=MEASURE_FASTER * fastest.images_per_s)
-                if session.left() < MEASURE_S + estimate_s(epochs, size, hoped, 1, shares[spec]):
-                    continue  # it would not end in time even that fast: not worth measuring
+                waiting = [other for other in queue if other.model in rates]  # runs that may use the time instead
+                in_time = [other for other in waiting if alone_s(other, rates[other.model]) <= session.left()]
+                if session.left() < MEASURE_S or (in_time and session.left() < MEASURE_S + alone_s(spec, hoped)):
+                    continue  # it would not end in time even that fast, and another run would: not worth measuring
                 rate = measure(session, spec.model, best, device, sizes)
                 if rate is None:
                     dropped = [other for other in queue if other.model == spec.model]

@@ -354,17 +354,6 @@ def test_each_model_measured_is_a_row_of_race_csv(trained):
     assert "dfp/cifar10-alexnet-baseline-s0: ended at epoch 2/2" in done.stdout
 
 
-def test_a_model_whose_run_would_not_end_in_time_even_at_the_fastest_rate_is_not_measured(repo):
-    # 90 s: enough for the lenet run (estimated a little over the 35 s of a run's start) after the race, and always
-    # less than measuring (60 s) and a run at lenet's rate (over 35 s) need together
-    done = session(repo, "--runs", "dfp:lenet:baseline", "dfp:alexnet:baseline", "--minutes", "1.5")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "dfp/cifar10-lenet-baseline-s0: ended at epoch 2/2" in done.stdout
-    assert "dfp/cifar10-alexnet-baseline-s0: not started: it would not end in time" in done.stdout
-    assert "alexnet " not in done.stdout.split("dfp/cifar10-lenet-baseline-s0: started")[1].split(" not started")[0]
-    assert [row["model"] for row in read_csv(repo / "out/race.csv")] == ["lenet"]
-
-
 def session_here(repo: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> subprocess.CompletedProcess:
     """`session` run in this process (conftest.run_script), for what it says before it measures or trains anything:
     no interpreter to start and torch to import again. The paper's recipe made small here as SMALL_PAPER makes it in
@@ -705,12 +694,19 @@ def test_a_detached_session_gets_paths_that_lead_to_the_same_files_from_its_copy
 
 
 def train_stubbed(
-    gpu_session, tmp_path, monkeypatch, runs: list[str], failing: set[str], entry: bool, rates: dict | None = None
+    gpu_session,
+    tmp_path,
+    monkeypatch,
+    runs: list[str],
+    failing: set[str],
+    entry: bool,
+    rates: dict | None = None,
+    run_s: float = 0.0,
 ) -> list[str]:
     """The session's lines from train() over `runs` (2 epochs of 1000 images, 600 s) with the measurements and the
     runs stubbed: a model in `failing` fails its measurement, the others measure at their `rates` (images/s; else
-    1e6), and each run's process ends at once, with its entry if `entry`, else with an error logged; the models
-    measured are appended to the lines as 'measured MODEL'."""
+    1e6), and each run's process ends at once, `run_s` of the session spent, with its entry if `entry`, else with an
+    error logged; the models measured are appended to the lines as 'measured MODEL'."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(gpu_session, "POLL_S", 0)
     monkeypatch.setattr(gpu_session, "train_size", lambda root, dataset: 1000)
@@ -728,6 +724,7 @@ def train_stubbed(
             (spec.entry / "metrics.json").write_text("{}")
         process = subprocess.Popen(["true"])
         process.wait()
+        session.deadline -= run_s  # as if the run had taken that long
         return gpu_session.Training(spec, epochs, need, process, process.pid)
 
     monkeypatch.setattr(gpu_session, "measure", measure)
@@ -756,6 +753,29 @@ def test_a_model_is_measured_if_its_run_would_end_in_time_a_little_faster_than_t
     lines = train_stubbed(gpu_session, tmp_path, monkeypatch, runs, failing=set(), entry=True, rates={"lenet": 4.0})
     assert [line for line in lines if line.startswith("measured")] == ["measured lenet", "measured alexnet"]
     assert "dfp/cifar10-alexnet-baseline-s0: ended at epoch 1/2" in lines  # trained (the stub's run ends at once)
+
+
+@pytest.mark.parametrize(
+    ("runs", "run_s", "measured"),
+    [
+        (["dfp:lenet:baseline", "dfp:alexnet:baseline"], 450, ["lenet", "alexnet"]),
+        (["dfp:lenet:baseline", "dfp:alexnet:baseline", "dfp:lenet:dfp"], 450, ["lenet"]),
+        (["dfp:lenet:baseline", "dfp:alexnet:baseline"], 560, ["lenet"]),  # less than MEASURE_S left
+    ],
+)
+def test_a_model_is_measured_where_no_other_run_would_use_the_time(tmp_path, monkeypatch, runs, run_s, measured):
+    """The last model of a lease is measured even where a run of it would not end in time at MEASURE_FASTER x the
+    fastest rate: measuring it then takes no run's time. Where a run of a measured model would end in time, it goes
+    first."""
+    gpu_session = load_gpu_session()
+    # lenet at 20 images/s: a run 145 s; after the first, 150 s left (run_s 450): alexnet's measuring and a run at
+    # 1.5x lenet's rate would need 168 s; it measures (stubbed) far faster
+    lines = train_stubbed(
+        gpu_session, tmp_path, monkeypatch, runs, failing=set(), entry=True, rates={"lenet": 20.0}, run_s=run_s
+    )
+    assert [line for line in lines if line.startswith("measured")] == [f"measured {model}" for model in measured]
+    ended = [line.split(":")[0] for line in lines if ": ended at epoch" in line]
+    assert ended == [gpu_session.parse_run(run).name for run in runs if run.split(":")[1] in measured]
 
 
 def test_a_model_whose_measurement_failed_trains_none_of_its_runs(tmp_path, monkeypatch):
