@@ -791,6 +791,29 @@ def test_an_output_or_cache_that_cannot_be_written_is_one_error_line(tmp_path: P
     assert leftovers(tmp_path) == []
 
 
+def test_an_output_that_cannot_be_written_is_found_before_the_archive_is_read(tmp_path: Path) -> None:
+    garbage = tmp_path / "src.tar"
+    garbage.write_bytes(b"not an archive")  # read first, it would be the error
+    (tmp_path / "afile").write_text("not a folder")
+    with pytest.raises(DataError, match="Cannot write the prepared data to") as caught:
+        prepare_dataset("cifar10", str(garbage), tmp_path / "afile" / "sub" / "cifar10", tmp_path / "cache")
+    assert f"Not a directory: '{tmp_path / 'afile'}'" in str(caught.value)
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_download_into_a_full_disk_says_so_not_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = write_archive(tmp_path / "src" / "tiny.tar.gz", folder_entries(sample_images()))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / f".tiny.tar.gz.download-{os.getpid()}").symlink_to("/dev/full")  # every write: ENOSPC, from the kernel
+    monkeypatch.setattr(prepare, "_remove_stale", lambda *args: None)  # which would remove it as this process's own
+    with pytest.raises(DataError, match=f"Cannot write the download of {archive.as_uri()} into {cache} ") as caught:
+        prepare_dataset("cifar10", archive.as_uri(), tmp_path / "out", cache, progress=False)
+    assert "No space left on device" in str(caught.value) and "offline" not in str(caught.value)
+    assert list(cache.iterdir()) == [] and not (tmp_path / "out").exists()
+
+
 def test_a_full_disk_while_writing_leaves_nothing_or_the_previous_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

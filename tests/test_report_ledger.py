@@ -708,11 +708,16 @@ def test_a_run_that_ended_at_chance_is_left_out_of_every_figure_and_named(tmp_pa
     assert wus_lr["baseline_collapsed_seeds"] == "3" and wus_lr["acc_delta_mean"] == pytest.approx(-0.5)
     vgg_base, vgg_wus = rows["vgg11", "baseline"], rows["vgg11", "wus"]
     assert (vgg_base["seeds"], vgg_base["collapsed_seeds"]) == (0, "0") and "acc_mean" not in vgg_base
+    assert vgg_base["source"] == "ledger"  # not a grid's configuration, which the gate would check
     assert "acc_delta_mean" not in vgg_wus and vgg_wus["baseline_collapsed_seeds"] == "0"
     (tmp_path / "summary.csv").write_text(summary_csv(summary))
     read = {(r["model"], r["method"]): r for r in read_summary(tmp_path / "summary.csv")}
     assert read["vgg11", "baseline"]["collapsed_seeds"] == "0" and "acc_mean" not in read["vgg11", "baseline"]
     assert read["alexnet", "wus_lr"]["baseline_collapsed_seeds"] == "3"
+    figures = headline(summary)["ledger"]["wus"]  # `dvc metrics show`: how many seeds ended at chance, never `{}`
+    assert figures["cifar10-vgg11-baseline"] == {"collapsed_seeds": 1}
+    assert figures["cifar10-alexnet-wus_lr"]["collapsed_seeds"] == 1 and "acc" in figures["cifar10-alexnet-wus_lr"]
+    assert "collapsed_seeds" not in figures["cifar10-alexnet-wus"]
 
     markdown, (table, _, _), _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
     claims = {(r[2], r[3], r[4]): r for r in table.rows if r[1] == "cifar10"}

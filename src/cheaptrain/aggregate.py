@@ -300,7 +300,7 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
         group = [r for r in every if not collapsed(r)]
         study, method = key[0], key[3]
         measure = measures.get(study, PAPER_MEASURE.get(study, "final_acc"))
-        sources = {r.source for r in group}
+        sources = {r.source for r in every}  # where its runs came from, those at chance too
         row: dict[str, Any] = dict(zip(KEY, key[:4], strict=True)) | {
             "seeds": len(group),
             "epochs": int(statistics.fmean(r.metrics["epochs"] for r in every)),
@@ -495,9 +495,10 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
 
 
 def headline(summary: list[dict[str, Any]]) -> dict[str, Any]:
-    """results/metrics.json for `dvc metrics show`: per study and configuration, the figures a reader compares. The
-    configurations of the ledger alone sit under `ledger`, so that the grid's keep their names; of two with one name
-    (another recipe), the second's carries its recipe fingerprint."""
+    """results/metrics.json for `dvc metrics show`: per study and configuration, the figures a reader compares, and
+    how many of its seeds ended at chance where some did (a configuration whose every seed did has no other figure).
+    The configurations of the ledger alone sit under `ledger`, so that the grid's keep their names; of two with one
+    name (another recipe), the second's carries its recipe fingerprint."""
     keep = (
         "acc", "acc_delta", "train_time_s", "compute_saving_pct", "time_saving_pct", "own_time_saving_pct",
         "planned_saving_pct", "updated_params_reduction_pct",
@@ -509,4 +510,6 @@ def headline(summary: list[dict[str, Any]]) -> dict[str, Any]:
         name = f"{row['dataset']}-{row['model']}-{row['method']}"
         name = f"{name} recipe {row.get('recipe', '')}" if name in names else name  # characters MLflow accepts
         names[name] = {k: round(row[f"{k}_mean"], 4) for k in keep if row.get(f"{k}_mean") is not None}
+        if collapsed := str(row.get("collapsed_seeds") or "").split():
+            names[name]["collapsed_seeds"] = len(collapsed)
     return metrics

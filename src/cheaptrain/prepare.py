@@ -11,6 +11,7 @@ archive in one of two layouts, detected from its contents:
 The output, out_dir/{train,test}.npz and out_dir/manifest.json, is written atomically by `write_prepared`.
 """
 
+import errno
 import hashlib
 import http.client
 import io
@@ -152,6 +153,7 @@ def prepare_dataset(
         raise DataError(problem)
     resolved = resolve_source(dataset, source)
     out_dir, cache_dir = Path(out_dir), Path(cache_dir)
+    _check_writable(out_dir)  # before the download and the decoding, which take minutes
     # The sha256 is the param source's: another archive named by $<DATASET>_SOURCE is checked as one without it (an
     # official archive by its md5), and the manifest records its own.
     vouched = bool(source.strip()) and resolved == resolve_source(dataset, source, environment=False)
@@ -302,6 +304,11 @@ def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None
             )
         tmp.replace(dest)
     except (OSError, http.client.HTTPException, ValueError) as e:
+        if isinstance(e, OSError) and (e.filename == str(tmp) or e.errno in FULL_DISK):  # the cache, not the network
+            raise DataError(
+                f"Cannot write the download of {url} into {cache_dir} ({describe_error(e)}): give a folder that can "
+                "be written and has free space (the stage's --cache)."
+            ) from e
         raise DataError(
             f"Could not download {url} ({describe_error(e)}). The machine may be offline, or "
             f"the URL is wrong. {_local_hint(info)}"
@@ -309,6 +316,9 @@ def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write that fails so names no file
 
 
 def _make_cache(cache_dir: Path) -> None:
@@ -599,11 +609,30 @@ def write_prepared(
     try:
         _write_folder(out_dir, arrays, classes, manifest)
     except OSError as e:  # a file where a folder must be, a read-only or full disk
-        raise DataError(
-            f"Cannot write the prepared data to {out_dir} ({describe_error(e)}): give a folder that can be written "
-            "and has free space (the stage's --out)."
-        ) from e
+        raise _unwritable(out_dir, e) from e
     return manifest
+
+
+def _check_writable(out_dir: Path) -> None:
+    """DataError unless out_dir's folder can be made and written: its nearest existing folder is a folder that can be
+    written. Creates nothing."""
+    folder = out_dir.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        problem = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        problem = PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+    else:
+        return
+    raise _unwritable(out_dir, problem)
+
+
+def _unwritable(out_dir: Path, error: OSError) -> DataError:
+    return DataError(
+        f"Cannot write the prepared data to {out_dir} ({describe_error(error)}): give a folder that can be written "
+        "and has free space (the stage's --out)."
+    )
 
 
 def _write_folder(
