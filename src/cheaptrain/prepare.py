@@ -42,6 +42,7 @@ from cheaptrain.data import IMAGE_SHAPE, SPLITS, DataError, describe_error
 
 URL_PREFIXES = ("http://", "https://", "file://")
 DOWNLOAD_TIMEOUT_S = 60
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write that fails so names no file
 
 
 @dataclass(frozen=True)
@@ -316,9 +317,6 @@ def _download(info: DatasetInfo, url: str, cache_dir: Path, expected: str | None
     finally:
         tmp.unlink(missing_ok=True)
     return dest
-
-
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write that fails so names no file
 
 
 def _make_cache(cache_dir: Path) -> None:
