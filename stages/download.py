@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this che
 
 from cheaptrain import UserError
 from cheaptrain.cli import run_command
+from cheaptrain.config import DATASETS
 
 SETTINGS = ("source", "sha256", "train_size")  # of download.<dataset>; prepare_dataset reads these only
 
@@ -32,6 +33,8 @@ def download_settings(params: dict[str, Any], dataset: str) -> dict[str, Any]:
     for name, settings in section.items():
         if name == "datasets":
             continue
+        if name not in DATASETS:  # a misspelt section would pass unseen: `cifar-10: {train_size: 5000}` trains on all
+            raise UserError(f"download.{name}: unknown; accepted: datasets, {', '.join(DATASETS)}")
         if not isinstance(settings or {}, dict):
             raise UserError(f"download.{name}: {settings!r} is invalid; accepted: a mapping ({', '.join(SETTINGS)})")
         # a typo would pass unseen: `sha_256:` turns the check off, `trainsize:` trains on every image

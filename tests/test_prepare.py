@@ -398,6 +398,21 @@ def test_the_download_stage_refuses_an_unknown_key_before_any_download(tmp_path:
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
 
 
+@pytest.mark.parametrize("name", ["cifar-10", "CIFAR10", "cifar_100"])
+def test_the_download_stage_refuses_an_unknown_dataset_section(tmp_path: Path, name: str) -> None:
+    """A misspelt section must not pass unseen: its train_size would be ignored, and every image trained on."""
+    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["download"]["cifar10"]["source"] = str(archive)
+    params["download"][name] = {"train_size": 5000}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--dataset", "cifar10", "--no-mlflow", "--out", "prepared", "--cache", "raw"]
+    result = run_stage(REPO / "stages" / "download.py", *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == f"error: download.{name}: unknown; accepted: datasets, cifar10, cifar100\n"
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
+
+
 @pytest.mark.parametrize("name", ["params.yaml", "params.quick.yaml"])
 def test_the_params_files_download_sections_are_accepted(name: str) -> None:
     spec = importlib.util.spec_from_file_location("download_stage", REPO / "stages" / "download.py")
