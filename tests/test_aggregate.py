@@ -44,7 +44,7 @@ from cheaptrain.report.figures import (
     spans,
 )
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
-from cheaptrain.timing import REPLICATES, paired_saving, resampled_medians, run_time, slowdown
+from cheaptrain.timing import FULL, REPLICATES, epoch_medians, paired_saving, resampled_medians, run_time, slowdown
 
 from conftest import REPO, grid, read_csv, run_in, write_run
 
@@ -305,6 +305,20 @@ def test_a_slow_first_epoch_and_a_few_slow_epochs_do_not_move_the_robust_savings
     assert abs(nearest_full_epoch_saving(timed_history(wus_noisy, skip={8, 9, 10})) - truth) > 5
     again = by_key(summarize(collect(params, tmp_path / "noisy"), MEASURES))[("wus", "cifar10", "lenet", "wus")]
     assert again == noisy  # the bootstrap is seeded: the same intervals every time
+
+
+def test_epoch_medians_are_per_kind_as_measured_without_the_first_epoch():
+    """WUS's shape: full epochs at about 4 s (one at 40: a busy neighbour), skip epochs at a third of the work and
+    about 1.5 s, and a kind whose only epoch is the first (half the work, 30 s): it is left out. The seconds are as
+    measured: the evaluation times, which double halfway, would change them in run_time."""
+    history = []
+    for e, (seconds, work) in enumerate([(30.0, 0.5), (4.0, 1), (40.0, 1), (4.2, 1), (1.5, 1 / 3), (1.4, 1 / 3)], 1):
+        history.append({"epoch": e, "epoch_train_s": seconds, "trained_samples": 50000,
+                        "train_flops": 50000 * work * FLOPS_PER_SAMPLE, "eval_s": 1.0 if e < 4 else 2.0})  # fmt: skip
+    full, skip = epoch_medians(history)
+    assert (full.kind, full.epochs, full.work_share, full.median_s) == (FULL, 3, 1.0, 4.2)
+    assert (skip.epochs, skip.median_s) == (2, pytest.approx(1.45)) and skip.work_share == pytest.approx(1 / 3)
+    assert epoch_medians([{k: v for k, v in r.items() if k != "epoch_train_s"} for r in history]) == []
 
 
 def test_the_evaluation_clock_takes_out_drift_that_hit_one_kind_of_epoch_alone():

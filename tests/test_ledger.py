@@ -3,11 +3,13 @@ imported into MLflow once."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -395,6 +397,28 @@ def test_list_and_the_aggregate_say_when_an_entry_trained_on_several_machines(re
     ledger.main(["import"])
     (imported,) = mlflow_runs("cifar10-lenet-baseline-s7")
     assert imported.data.tags["machines"] == run.trained_on
+
+
+def test_epochs_prints_each_kinds_median_seconds_of_the_repository_entries(monkeypatch, capsys):
+    """The per-epoch medians docs/measured.md quotes, from the committed entries: DFP's pruned epochs train fewer
+    samples than its full ones; the medians are of the epochs after the first, seconds as measured."""
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(REPO)
+    ledger.main(["epochs", "dfp/cifar10-vgg16-dfp-s0", "wus/cifar10-lenet-baseline-s0"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("2 entries;") and len(lines) == 5  # a header, the DFP entry's two kinds, the baseline
+    with open(REPO / "ledger/dfp/cifar10-vgg16-dfp-s0/history.csv", newline="") as f:
+        rows = list(csv.DictReader(f))[1:]
+    for line, pruned in zip(lines[1:3], (False, True), strict=True):
+        seconds = [float(r["epoch_train_s"]) for r in rows if (int(r["trained_samples"]) < 50000) == pruned]
+        epochs, work, median, of_full = line.split()[-4:]
+        assert int(epochs) == len(seconds) and float(median) == round(statistics.median(seconds), 3)
+        assert (work, of_full) == ("0.70", "0.71") if pruned else (work, of_full) == ("1.00", "1.00")
+    assert lines[3].startswith("wus/cifar10-lenet-baseline-s0") and lines[3].split()[-4:-2] == ["199", "1.00"]
+    with pytest.raises(SystemExit):
+        ledger.main(["list", "vgg16"])  # only epochs takes words
+    with pytest.raises(UserError, match="no ledger entry holds those words"):
+        ledger.main(["epochs", "no-such-entry"])
 
 
 _NO_MLFLOW_NOR_DVC = """

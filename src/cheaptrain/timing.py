@@ -167,6 +167,39 @@ def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
     )
 
 
+@dataclass(frozen=True)
+class KindMedians:
+    """One kind of epoch of a run, its epochs after the first: how many, their median work (of a full epoch's) and
+    median training seconds as measured."""
+
+    kind: str
+    epochs: int
+    work_share: float
+    median_s: float
+
+
+def epoch_medians(history: list[dict[str, float]]) -> list[KindMedians]:
+    """Per kind of epoch (FULL first, then by work), the medians a person compares by eye: seconds as measured, not
+    put at the run's typical speed as run_time puts them. A kind whose only epoch is the first is left out."""
+    if not history or any("epoch_train_s" not in row or "trained_samples" not in row for row in history):
+        return []
+    work, measure = epoch_work(history)
+    kinds, most = epoch_kinds(history, work, measure), max(work)
+    groups: dict[str, list[int]] = {}
+    for i in range(1, len(history)):
+        groups.setdefault(kinds[i], []).append(i)
+    found = [
+        KindMedians(
+            kind,
+            len(epochs),
+            statistics.median(work[i] / most for i in epochs) if most > 0 else math.nan,
+            statistics.median(history[i]["epoch_train_s"] for i in epochs),
+        )
+        for kind, epochs in groups.items()
+    ]
+    return sorted(found, key=lambda k: (k.kind != FULL, -k.work_share))
+
+
 def paired_saving(run: RunTime, baseline: RunTime) -> tuple[float, list[float]]:
     """The time saved against the baseline (%) and its replicates (the two runs resample independently): the run's
     robust time at the baseline's typical speed against the baseline's (module docstring); in seconds as measured
