@@ -1,7 +1,7 @@
 """On a CUDA device: the loader's crops and flips against the CPU's, compiled bf16 training of every method against
 eager fp32 (in the default mode and as CUDA graphs; WUS's phases each in graphs of their own, also after a resume in
-a skip phase), a BatchNorm network's statistics under CUDA graphs, timing between device synchronisations, and a
-checkpoint written on the GPU and resumed there.
+a skip phase), a BatchNorm network's statistics under CUDA graphs, timing between device synchronisations, a
+checkpoint written on the GPU and resumed there, and the GPU's UUID recorded as nvidia-smi names it.
 
 Every test is marked `cuda` and skipped (counted as skipped) without a CUDA device. `python benchmarks/gpu_check.py
 OUT` runs them on a GPU machine (`pytest -m cuda tests/test_gpu.py`).
@@ -9,6 +9,7 @@ OUT` runs them on a GPU machine (`pytest -m cuda tests/test_gpu.py`).
 
 import dataclasses
 import io
+import re
 import time
 
 import pytest
@@ -28,6 +29,7 @@ from torch._dynamo.utils import counters
 
 from cheaptrain.data import PAD, DeviceData, channel_stats, crop, random_crop_flip
 from cheaptrain.methods import Method, create_method
+from cheaptrain.tracking import machine_here
 from cheaptrain.trainer import fit, prepare, run_epoch
 
 from conftest import small_config, synthetic_split
@@ -176,3 +178,10 @@ def test_a_checkpoint_written_on_the_gpu_resumes_the_run_there(monkeypatch):
         for key in a.keys() - {"epoch_train_s", "eval_s", "selection_s"}:
             expected = pytest.approx(a[key], rel=1e-5) if isinstance(a[key], float) else a[key]
             assert b[key] == expected, f"epoch {a['epoch']}: {key}"
+
+
+def test_a_run_on_the_gpu_records_its_uuid():
+    """Two rented GPUs of one name are two machines (aggregate.machine_difference): the UUID tells them apart."""
+    here = machine_here("cuda")
+    assert re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", here["gpu_uuid"]), here
+    assert here["device"] == torch.cuda.get_device_name() and machine_here("auto") == here

@@ -27,7 +27,7 @@ import torch
 import yaml
 from reliability_methods import Poison, Stateful
 
-from cheaptrain import ConfigError, UserError, runner
+from cheaptrain import ConfigError, UserError, runner, tracking
 from cheaptrain.config import RunConfig, resolve_run, validate_grid
 from cheaptrain.methods import METHODS
 from cheaptrain.prepare import write_prepared
@@ -596,6 +596,48 @@ def test_run_json_names_each_machine_a_run_trained_on_from_its_first_epoch(workd
     tags = only_run(store_of(workdir)).data.tags  # the MLflow run: its first machine's tags, and the rest where any
     assert (tags["device"], tags["cpu_capability"]) == (here["device"], here["cpu_capability"])
     assert tags.get("machines") == (machines_text(machines) or None)
+
+
+def test_a_run_resumed_on_another_gpu_of_the_same_name_says_so_and_run_json_names_the_last(workdir, monkeypatch):
+    """Two rented GPUs of one name are two machines (their speeds differ): the UUID tells them apart. Trained on the
+    CPU here, as two GPUs of one name would record it."""
+    first = {
+        "device": "NVIDIA H200",
+        "cpu_capability": "AVX512",
+        "gpu_uuid": "GPU-0a1b2c3d-0000-0000-0000-000000000001",
+    }
+    second = first | {"gpu_uuid": "GPU-9f8e7d6c-0000-0000-0000-000000000002"}
+    monkeypatch.setattr(runner, "machine_here", lambda device: first)
+    crash_at_log_of(3, monkeypatch)
+    monkeypatch.setattr(runner, "machine_here", lambda device: second)
+    (line,) = runner.runs_under_way("cpu")
+    assert line.endswith("here on another machine than its last (NVIDIA H200 GPU-0a1b2c3d with AVX512; here NVIDIA "
+                         "H200 GPU-9f8e7d6c with AVX512): its time will pair with no baseline's")  # fmt: skip
+    train_run(config())
+    info = json.loads((workdir / "runs" / "dfp" / NAME / "run.json").read_text())
+    assert info["machines"] == [{"from_epoch": 1, **first}, {"from_epoch": 4, **second}]
+    assert info["gpu_uuid"] == second["gpu_uuid"]
+    assert machines_text(info["machines"]) == ("NVIDIA H200 GPU-0a1b2c3d with AVX512 from epoch 1, NVIDIA H200 "
+                                               "GPU-9f8e7d6c with AVX512 from epoch 4")  # fmt: skip
+
+
+def test_a_gpus_uuid_is_recorded_where_torch_says_it_and_never_stops_a_run(monkeypatch):
+    """machine_here names the GPU's UUID as nvidia-smi -L does; a CPU run records none (its run.json is unchanged),
+    and a PyTorch or driver that cannot say gives ''."""
+    assert "gpu_uuid" not in runner.machine_here("cpu") and tracking.gpu_uuid("cpu") == ""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    props = type("Props", (), {"uuid": "58f5ac0a-3b8e-4c1d-9f00-5a6b7c8d9e0f"})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    here = tracking.machine_here("cuda")
+    assert here["device"] == "NVIDIA H200" and here["gpu_uuid"] == "GPU-58f5ac0a-3b8e-4c1d-9f00-5a6b7c8d9e0f"
+    assert tracking.gpu_uuid("auto") == here["gpu_uuid"]
+
+    def unsupported(device):
+        raise RuntimeError("CUDA driver version is insufficient")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", unsupported)
+    assert "gpu_uuid" not in tracking.machine_here("cuda:0")
 
 
 def test_an_attempt_that_checkpointed_no_epoch_is_not_a_machine_of_the_run():

@@ -404,6 +404,26 @@ def test_a_time_saving_is_only_paired_on_the_same_cpu_threads_and_the_report_say
     assert table.columns()["time saved %"][1] == "— (other machine)"
 
 
+@pytest.mark.parametrize("uuids", [("GPU-aaaa1111", "GPU-aaaa1111"), ("GPU-aaaa1111", "GPU-bbbb2222"), ("", "GPU-b")])
+def test_two_gpus_of_one_name_pair_only_where_their_uuids_do_not_differ(tmp_path, uuids):
+    """Two rented H200s are two machines: a run and its baseline on GPUs of one name but other UUIDs do not pair; an
+    entry that predates the record (no UUID) pairs by the device's name, as before."""
+    for method, uuid in zip(("baseline", "wus"), uuids, strict=True):
+        path = write_entry(tmp_path, "wus", "lenet", method, 0) / "run.json"
+        info = json.loads(path.read_text()) | {"device": "NVIDIA H200"}
+        path.write_text(json.dumps(info | ({"gpu_uuid": uuid} if uuid else {})))
+    (row,) = [r for r in summarize(ledger_runs(tmp_path), {}) if r["method"] == "wus"]
+    if uuids[0] and uuids[0] != uuids[1]:
+        assert "time_saving_pct_mean" not in row
+        assert (
+            row["time_unpaired"]
+            == "seed 0 on NVIDIA H200 GPU-bbbb2222, its baseline on another NVIDIA H200, GPU-aaaa1111"
+        )
+    else:
+        assert "time_unpaired" not in row and row["time_saving_pct_mean"] > 0
+    assert row["own_time_saving_pct_mean"] == pytest.approx(50, abs=1)  # its own epochs compare either way
+
+
 def test_a_broken_ledger_entry_is_one_clear_error(tmp_path):
     folder = write_entry(tmp_path, "dfp", "lenet", "baseline", 0)
     (folder / "metrics.json").write_text(json.dumps({"final_acc": 60.0}))

@@ -107,6 +107,7 @@ class Run:
     source: str = "runs"  # runs | ledger
     # run.json's cpu_capability (AVX2, AVX512): two CPUs of one name can differ in it, and a run's speed with them
     cpu_kernels: str = ""
+    gpu_uuid: str = ""  # run.json's, on a GPU: two GPUs of one name (two rented machines) can differ in speed
     finished_at: str = ""  # run.json's, UTC (2026-11-29T08:40:03Z); empty for runs that predate it
     trained_on: str = ""  # the machines of a run resumed on another (`machines_text`); empty for one machine
 
@@ -155,6 +156,7 @@ def provenance(info: dict[str, Any]) -> dict[str, str]:
         "mlflow_run_id": info.get("mlflow_run_id") or "",
         "device": info.get("device") or "",
         "cpu_kernels": info.get("cpu_capability") or "",
+        "gpu_uuid": info.get("gpu_uuid") or "",
         "finished_at": info.get("finished_at") or "",
         "trained_on": machines_text(info.get("machines")),
     }
@@ -373,14 +375,17 @@ def _order(run: Run) -> tuple:
 
 
 def machine_difference(run: Run, baseline: Run) -> str:
-    """How a run and its baseline trained on different machines (device, CPU threads, a CPU's vector instructions),
-    whose wall-clock times therefore do not compare; '' where they trained alike or a run does not say. A run resumed
-    on another machine compares with none."""
+    """How a run and its baseline trained on different machines (device, CPU threads, a CPU's vector instructions, a
+    GPU's UUID), whose wall-clock times therefore do not compare; '' where they trained alike or a run does not say. A
+    run resumed on another machine compares with none."""
     for whose, one in (("", run), ("'s baseline", baseline)):
         if one.trained_on:
             return f"seed {run.seed}{whose} trained on several machines ({one.trained_on})"
     if run.device and baseline.device and run.device != baseline.device:
         return f"seed {run.seed} on {run.device}, its baseline on {baseline.device}"
+    if run.gpu_uuid and baseline.gpu_uuid and run.gpu_uuid != baseline.gpu_uuid:
+        return (f"seed {run.seed} on {run.device} {run.gpu_uuid[:12]}, its baseline on another {baseline.device}, "
+                f"{baseline.gpu_uuid[:12]}")  # fmt: skip
     on_cpu = run.device.startswith("cpu") and baseline.device.startswith("cpu")
     if on_cpu and run.cpu_kernels and baseline.cpu_kernels and run.cpu_kernels != baseline.cpu_kernels:
         return (f"seed {run.seed} on {run.device} with {run.cpu_kernels}, its baseline on {baseline.device} with "

@@ -322,6 +322,8 @@ def import_entry(entry: Entry) -> tuple[str, bool]:
         "torch_version": info.get("torch_version", ""),
         "trained_mlflow_run_id": info.get("mlflow_run_id", ""),
     }
+    if info.get("gpu_uuid"):  # as the live run's tags (machine_here)
+        tags["gpu_uuid"] = info["gpu_uuid"]
     if trained_on := machines_text(info.get("machines")):  # resumed on another machine, as the live run's tag says
         tags["machines"] = trained_on
     run = client.create_run(experiment_id, run_name=entry.name, tags=tags)

@@ -55,6 +55,7 @@ from cheaptrain.tracking import (
     dataset_ref,
     git_commit,
     machine_here,
+    machine_words,
     mlflow_installed,
     project_root,
     run_tags,
@@ -246,8 +247,8 @@ def elsewhere(state: dict[str, Any], here: dict[str, str]) -> str:
     last = (state.get("machines") or [{}])[-1]
     if not last or same_machine(last, here):
         return ""
-    return (f", here on another machine than its last ({last.get('device')} with {last.get('cpu_capability')}; "
-            f"here {here['device']} with {here['cpu_capability']}): its time will pair with no baseline's")  # fmt: skip
+    return (f", here on another machine than its last ({machine_words(last)}; here {machine_words(here)}): its time "
+            "will pair with no baseline's")  # fmt: skip
 
 
 def digest_here(data_dir: Path) -> str | None:
@@ -483,8 +484,9 @@ def open_tracker(study: str, track: bool) -> RunTracker | NoTracker:
 def run_info(
     cfg: RunConfig, run_id: str | None, data_digest: str, history: list[dict[str, Any]], machines: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """run.json: the configuration and everything needed to tell where the results came from. `device` and
-    `cpu_capability` are the last attempt's; `machines`, each machine the run trained on from which epoch."""
+    """run.json: the configuration and everything needed to tell where the results came from. `device`,
+    `cpu_capability` and on a GPU `gpu_uuid` are the last attempt's; `machines`, each machine the run trained on from
+    which epoch."""
     return {
         "name": cfg.name,
         "config": cfg.to_dict(),
@@ -495,6 +497,7 @@ def run_info(
         "device": machines[-1]["device"],
         # the vector instructions torch's CPU kernels use: CPUs of one name may differ in them, and round differently
         "cpu_capability": machines[-1]["cpu_capability"],
+        **({"gpu_uuid": machines[-1]["gpu_uuid"]} if "gpu_uuid" in machines[-1] else {}),  # GPUs of one name differ too
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "threads": sorted({row.get("threads") for row in history if row.get("threads")}),

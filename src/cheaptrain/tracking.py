@@ -519,19 +519,42 @@ def machines_text(machines: Any) -> str:
     AMD EPYC x2 with AVX2 from epoch 57'); '' for one machine, or a run.json that predates the record."""
     if not isinstance(machines, list) or len(machines) < 2:
         return ""
-    parts = []
-    for machine in (m if isinstance(m, dict) else {} for m in machines):
-        kernels = f" with {machine.get('cpu_capability')}" if machine.get("cpu_capability") else ""
-        parts.append(f"{machine.get('device') or 'an unnamed device'}{kernels} from epoch {machine.get('from_epoch')}")
-    return ", ".join(parts)
+    known = [m if isinstance(m, dict) else {} for m in machines]
+    return ", ".join(f"{machine_words(m)} from epoch {m.get('from_epoch')}" for m in known)
+
+
+def machine_words(machine: dict[str, Any]) -> str:
+    """A recorded machine in words: 'NVIDIA H200 GPU-8f3c2a1b with AVX512', 'cpu: AMD EPYC x2 with AVX2'."""
+    gpu = f" {machine['gpu_uuid'][:12]}" if machine.get("gpu_uuid") else ""
+    kernels = f" with {machine.get('cpu_capability')}" if machine.get("cpu_capability") else ""
+    return f"{machine.get('device') or 'an unnamed device'}{gpu}{kernels}"
 
 
 def machine_here(device: str) -> dict[str, str]:
     """What a run trains on here: the device's name, and the vector instructions of torch's CPU kernels (two CPUs of
-    one name may differ in them, and round differently and run at other speeds with them)."""
+    one name may differ in them, and round differently and run at other speeds with them); on a GPU also its UUID
+    (two GPUs of one name, rented one after the other, can differ in speed by a fifth: docs/ledger.md)."""
     import torch
 
-    return {"device": device_name(device), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    here = {"device": device_name(device), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if uuid := gpu_uuid(device):
+        here["gpu_uuid"] = uuid
+    return here
+
+
+def gpu_uuid(device: str) -> str:
+    """The UUID of the GPU a `train.device` setting names ('GPU-' and 32 hex digits, as nvidia-smi -L prints it); ''
+    on a CPU, or where this PyTorch or driver does not say."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return ""
+    try:
+        return f"GPU-{torch.cuda.get_device_properties(torch.device(device)).uuid}"
+    except Exception:  # whatever an older PyTorch or driver raises: recording where a run trained never stops it
+        return ""
 
 
 def run_tags(study: str, device: str) -> dict[str, str]:
