@@ -381,35 +381,27 @@ def test_the_download_stage_names_a_param_of_the_wrong_type(tmp_path: Path, sect
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
 
 
-@pytest.mark.parametrize(
-    ("dataset", "key"), [("cifar10", "sha_256"), ("cifar10", "trainsize"), ("cifar10", "sorce"), ("cifar100", "sorce")]
-)
-def test_the_download_stage_refuses_an_unknown_key_before_any_download(tmp_path: Path, dataset: str, key: str) -> None:
-    """A typo must not pass unseen: `sha_256:` would turn the archive's check off, `trainsize:` train on every image."""
+TYPOS = {  # a typo must not pass unseen: `sha_256:` would turn the archive's check off, `trainsize:` and a misspelt
+    # section (its train_size ignored) train on every image
+    **{f"download.{d}.{key}": (d, key) for d, key in [("cifar10", "sha_256"), ("cifar10", "trainsize"),
+                                                      ("cifar10", "sorce"), ("cifar100", "sorce")]},
+    **{f"download.{name}": (name, "train_size") for name in ["cifar-10", "CIFAR10", "cifar_100"]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("typo", TYPOS)
+def test_the_download_stage_refuses_an_unknown_key_or_section_before_any_download(tmp_path: Path, typo: str) -> None:
     archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["download"]["cifar10"]["source"] = str(archive)
-    params["download"][dataset][key] = "x"
+    section, key = TYPOS[typo]
+    params["download"].setdefault(section, {})[key] = 5000
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     args = ["--dataset", "cifar10", "--no-mlflow", "--out", "prepared", "--cache", "raw"]
     result = run_stage(REPO / "stages" / "download.py", *args, cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr == f"error: download.{dataset}.{key}: unknown; accepted: source, sha256, train_size\n"
-    assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
-
-
-@pytest.mark.parametrize("name", ["cifar-10", "CIFAR10", "cifar_100"])
-def test_the_download_stage_refuses_an_unknown_dataset_section(tmp_path: Path, name: str) -> None:
-    """A misspelt section must not pass unseen: its train_size would be ignored, and every image trained on."""
-    archive = write_archive(tmp_path / "src.tar", folder_entries(sample_images()))
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["download"]["cifar10"]["source"] = str(archive)
-    params["download"][name] = {"train_size": 5000}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    args = ["--dataset", "cifar10", "--no-mlflow", "--out", "prepared", "--cache", "raw"]
-    result = run_stage(REPO / "stages" / "download.py", *args, cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr == f"error: download.{name}: unknown; accepted: datasets, cifar10, cifar100\n"
+    accepted = "datasets, cifar10, cifar100" if typo.count(".") == 1 else "source, sha256, train_size"
+    assert result.stderr == f"error: {typo}: unknown; accepted: {accepted}\n"
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "raw").exists()
 
 
