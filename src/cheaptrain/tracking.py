@@ -543,7 +543,7 @@ def machine_here(device: str) -> dict[str, str]:
 
 
 def gpu_uuid(device: str) -> str:
-    """The UUID of the GPU a `train.device` setting names ('GPU-' and 32 hex digits, as nvidia-smi -L prints it); ''
+    """The UUID of the GPU a `train.device` setting names ('GPU-58f5ac0a-3b8e-...', as nvidia-smi -L prints it); ''
     on a CPU, or where this PyTorch or driver does not say."""
     import torch
 
