@@ -22,7 +22,6 @@ setting: the ledger neither matches nor records it.
     python -m cheaptrain.ledger list       # the entries, with seeds, device and final accuracy
     python -m cheaptrain.ledger import     # every entry into the MLflow store (once: importing again adds nothing)
     python -m cheaptrain.ledger index      # rewrite ledger/metrics.json from the entries
-    python -m cheaptrain.ledger epochs vgg16-dfp   # per kind of epoch, median seconds (entries whose id holds a word)
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import fcntl
 import hashlib
 import itertools
 import json
-import math
 import shutil
 import sys
 import uuid
@@ -47,7 +45,6 @@ from cheaptrain import UserError, atomic_write, is_int
 from cheaptrain.cli import run_command
 from cheaptrain.config import RunConfig, prepared_train_size
 from cheaptrain.papers import paper_setting
-from cheaptrain.timing import FULL, epoch_medians
 from cheaptrain.tracking import machines_text, project_root
 
 FILES = ("run.json", "metrics.json", "history.csv")
@@ -349,22 +346,6 @@ def import_entry(entry: Entry) -> tuple[str, bool]:
     return run_id, True
 
 
-def print_epoch_medians(chosen: list[Entry]) -> None:
-    """Per entry and kind of epoch (after the first): how many, median work and seconds as measured, and the seconds
-    as a share of a full epoch's: the per-epoch figures docs/measured.md quotes."""
-    if not chosen:
-        raise UserError("no ledger entry holds those words (`python -m cheaptrain.ledger list` names them)")
-    print(f"{'entry':<44} {'device':<34} {'epochs':>6} {'work':>5} {'median s':>9} {'of full':>8}")
-    for entry in chosen:
-        kinds = epoch_medians(entry.history)
-        full = next((k.median_s for k in kinds if k.kind == FULL), math.nan)
-        for i, k in enumerate(kinds):
-            name, device = (f"{entry.study}/{entry.name}", str(entry.info.get("device"))) if i == 0 else ("", "")
-            print(f"{name:<44} {device[:34]:<34} {k.epochs:>6} {k.work_share:>5.2f} {k.median_s:>9.3f} "
-                  f"{k.median_s / full:>8.2f}")  # fmt: skip
-    print(f"{len(chosen)} entries; epochs after the first, seconds as measured (epoch_train_s), work of a full epoch's")
-
-
 def _param(key: str, value: str) -> Any:
     from mlflow.entities import Param as MlflowParam
 
@@ -378,11 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m cheaptrain.ledger", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=("list", "import", "index", "epochs"), help="what to do with the ledger")
-    parser.add_argument("words", nargs="*", help="epochs: the entries whose study/name holds one (default: all)")
+    parser.add_argument("command", choices=("list", "import", "index"), help="what to do with the ledger")
     args = parser.parse_args(argv)
-    if args.words and args.command != "epochs":
-        parser.error(f"{args.command} takes no entries; only epochs does")
     found = entries()
     if args.command == "index":
         with _lock():  # a run that finishes now rewrites it too
@@ -398,8 +376,6 @@ def main(argv: list[str] | None = None) -> None:
                   f"{m.get('best3_acc', float('nan')):.2f}%, {int(m.get('epochs', 0))} epochs, {where}, "
                   f"commit {str(i.get('git_commit'))[:10]}")  # fmt: skip
         print(f"{len(found)} entries in {ledger_root()}")
-    elif args.command == "epochs":
-        print_epoch_medians([e for e in found if not args.words or any(w in f"{e.study}/{e.name}" for w in args.words)])
     else:
         imported = [import_entry(entry) for entry in found]
         new = sum(now for _, now in imported)

@@ -52,10 +52,15 @@ What the clock cannot see: a run whose training is slower per evaluation second 
 one name whose training and evaluation speeds differ unequally, or load that slows one more than the other). A gap of
 g% in that ratio lowers the paired saving below the own one by about (100 − own)·g/100; clock.py prints it per
 configuration (its "ratio gap"). The own saving, both sides from one run, is unaffected.
+
+Per kind of epoch, the medians as measured, of the ledger's entries whose study/name holds a word (all without one):
+
+    python -m cheaptrain.timing vgg16-dfp wus_lr-s0
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import math
 import statistics
@@ -63,6 +68,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from cheaptrain import UserError
+from cheaptrain.cli import run_command
+from cheaptrain.ledger import entries
 
 REPLICATES = 1000
 FULL = "full"
@@ -253,3 +262,32 @@ def seed_interval(replicates: list[list[float]], mean: float, ci95: float | None
     if ci95 is not None:
         lo, hi = min(lo, mean - ci95), max(hi, mean + ci95)
     return min(lo, mean), max(hi, mean)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m cheaptrain.timing",
+        description="Per ledger entry and kind of epoch (full, pruned, skip), the epochs after the first: how many, "
+        "their median work and training seconds as measured (epoch_train_s), and those seconds as a share of a full "
+        "epoch's: the per-epoch figures docs/measured.md quotes. The report's shares put the seconds at the run's "
+        "typical speed first (this module's docstring).",
+    )
+    parser.add_argument("words", nargs="*", help="the entries whose study/name holds one of them (default: every one)")
+    args = parser.parse_args(argv)
+    chosen = [e for e in entries() if not args.words or any(w in f"{e.study}/{e.name}" for w in args.words)]
+    if not chosen:
+        raise UserError("no ledger entry holds those words (`python -m cheaptrain.ledger list` names them)")
+    print(f"{'entry':<44} {'device':<34} {'epochs':>6} {'work':>5} {'median s':>9} {'of full':>8}")
+    for entry in chosen:
+        kinds = epoch_medians(entry.history)
+        full = next((k.median_s for k in kinds if k.kind == FULL), math.nan)
+        for i, k in enumerate(kinds):
+            name, device = (f"{entry.study}/{entry.name}", str(entry.info.get("device"))) if i == 0 else ("", "")
+            print(f"{name:<44} {device[:34]:<34} {k.epochs:>6} {k.work_share:>5.2f} {k.median_s:>9.3f} "
+                  f"{k.median_s / full:>8.2f}")  # fmt: skip
+    print(f"{len(chosen)} entr{'y' if len(chosen) == 1 else 'ies'}; epochs after the first, seconds as measured "
+          "(epoch_train_s), work of a full epoch's")  # fmt: skip
+
+
+if __name__ == "__main__":
+    run_command(main)
