@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from cheaptrain import UserError
 
 if TYPE_CHECKING:
+    import torch
     from mlflow import MlflowClient
     from mlflow.entities import DatasetInput
 
@@ -357,14 +358,21 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
-def device_name(device: str) -> str:
-    """The GPU's name, or the CPU's and its core count, of a `train.device` setting ("auto" as the trainer reads it)."""
+def cuda_device(device: str) -> torch.device | None:
+    """The GPU a `train.device` setting names here ("auto" as the trainer reads it); None for a CPU, or without CUDA."""
     import torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
+    return torch.device(device) if device.startswith("cuda") and torch.cuda.is_available() else None
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's and its core count, of a `train.device` setting ("auto" as the trainer reads it)."""
+    import torch
+
+    if (gpu := cuda_device(device)) is not None:
+        return torch.cuda.get_device_name(gpu)
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -547,12 +555,10 @@ def gpu_uuid(device: str) -> str:
     on a CPU, or where this PyTorch or driver does not say."""
     import torch
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not device.startswith("cuda") or not torch.cuda.is_available():
+    if (gpu := cuda_device(device)) is None:
         return ""
     try:
-        return f"GPU-{torch.cuda.get_device_properties(torch.device(device)).uuid}"
+        return f"GPU-{torch.cuda.get_device_properties(gpu).uuid}"
     except Exception:  # whatever an older PyTorch or driver raises: recording where a run trained never stops it
         return ""
 
