@@ -94,6 +94,11 @@ class RunTime:
     eval_s: float | None = None  # the median evaluation seconds: the run's typical speed; None without them
 
 
+def timed(history: list[dict[str, float]]) -> bool:
+    """Whether every epoch of a run has its training seconds and samples: else it has no timing figures."""
+    return bool(history) and all("epoch_train_s" in row and "trained_samples" in row for row in history)
+
+
 def epoch_work(history: list[dict[str, float]]) -> tuple[list[float], str]:
     """Each epoch's work and what measures it: train_flops where every epoch has it, else trained_samples."""
     if all("train_flops" in row for row in history):
@@ -135,7 +140,7 @@ def slowdown(history: list[dict[str, float]]) -> list[float]:
 def run_time(history: list[dict[str, float]], seed: str) -> RunTime | None:
     """The robust figures of one run (module docstring); `seed` seeds its resampling. None without per-epoch times
     or work, or when no epoch does both the largest work and the largest work per sample."""
-    if not history or any("epoch_train_s" not in row or "trained_samples" not in row for row in history):
+    if not timed(history):
         return None
     seconds = [row["epoch_train_s"] / slow for row, slow in zip(history, slowdown(history), strict=True)]
     work, measure = epoch_work(history)
@@ -190,7 +195,7 @@ class KindMedians:
 def epoch_medians(history: list[dict[str, float]]) -> list[KindMedians]:
     """Per kind of epoch (FULL first, then by work), the medians a person compares by eye: seconds as measured, not
     put at the run's typical speed as run_time puts them. A kind whose only epoch is the first is left out."""
-    if not history or any("epoch_train_s" not in row or "trained_samples" not in row for row in history):
+    if not timed(history):
         return []
     work, measure = epoch_work(history)
     kinds, most = epoch_kinds(history, work, measure), max(work)
