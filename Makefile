@@ -5,12 +5,13 @@ VENV := .venv
 SESSIONS ?= 2            # pytest sessions of `make test`: the cores (see there)
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench server gpu-check ledger gpu-ledger
+.PHONY: quickstart test lint lock bench server gpu-check ledger gpu-ledger
 
-$(BIN)/.installed: pyproject.toml
+# the versions of constraints.txt (the lock: those CI passed with), whatever is newer in the registry
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[dev]'
 	@# pip byte-compiles one file at a time; this uses every core (a file only a newer Python reads stays as pip leaves
 	@# it), and skips the packages' own test suites (a fifth of the files), which nothing here imports
 	$(BIN)/python -c 'import compileall, re, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0, \
@@ -43,6 +44,11 @@ test: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# constraints.txt from .venv as it is: to upgrade a package, install it there (.venv/bin/pip install -U torch), run
+# `make test`, then this (src/cheaptrain/lock.py)
+lock: $(BIN)/.installed
+	$(BIN)/python -m cheaptrain.lock
 
 # an MLflow tracking server for a team (docs/scaling.md); HOST=0.0.0.0 to serve other machines; ALLOWED_HOSTS: the
 # Host headers it accepts (default: private IPs), besides localhost and the name in the URI it prints

@@ -1,5 +1,6 @@
 """The package as a whole: its modules import without a cycle, each DVC stage depends on exactly the code it
-imports, the entry points end as a command line should, and the root's small helpers behave."""
+imports, the entry points end as a command line should, the root's small helpers behave, and the environment is
+installed as the lock (constraints.txt) pins it."""
 
 import argparse
 import ast
@@ -10,9 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
-from cheaptrain import atomic_write, positive_int
+from cheaptrain import UserError, atomic_write, positive_int
 from cheaptrain.cli import CUT_SHORT
+from cheaptrain.lock import LOCK, differences, installed, read_lock
+from cheaptrain.lock import main as lock_main
 from cheaptrain.runner import code_version, imported_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -202,3 +206,36 @@ def test_every_entry_point_runs_its_main_through_run_command():
     scripts = [*REPO.glob("stages/*.py"), *REPO.glob("benchmarks/*.py"), *PACKAGE.glob("*.py")]
     direct = [p.relative_to(REPO).as_posix() for p in scripts if "run_main(main)" in p.read_text()]
     assert direct == ["src/cheaptrain/cli.py"]
+
+
+def test_this_environment_is_installed_as_the_lock_pins_it():
+    here = {canonicalize_name(name) for name in installed()}
+    assert {"torch", "mlflow", "dvc", "pytest", "ruff", "packaging"} <= here  # the dev extra and deeper requirements
+    assert not {"cheaptrain", "pip"} & here
+    assert differences(read_lock(LOCK), installed()) == []
+
+
+def test_the_lock_is_read_by_canonical_names_and_names_what_it_does_not_pin_or_pins_otherwise(tmp_path):
+    lock = tmp_path / "constraints.txt"
+    lock.write_text("# pins\nPyYAML==6.0.4\nzc-lockfile==4.0  # a comment\n\ntorch==2.14.0\n")
+    pins = read_lock(lock)
+    assert pins == {"pyyaml": "6.0.4", "zc-lockfile": "4.0", "torch": "2.14.0"}
+    here = {"torch": "2.14.1", "zc.lockfile": "4.0", "PyYAML": "6.0.4", "tqdm": "4.70.1"}
+    assert differences(pins, here) == ["torch 2.14.1: the lock pins 2.14.0", "tqdm 4.70.1: not in the lock"]
+    lock.write_text("torch>=2.6\n")
+    with pytest.raises(UserError, match=r"constraints.txt:1: 'torch>=2.6' is not name==version"):
+        read_lock(lock)
+
+
+def test_lock_writes_the_environment_its_check_then_passes_and_the_check_fails_on_another_pin(tmp_path, capsys):
+    lock = tmp_path / "constraints.txt"
+    lock_main(["--lock", str(lock)])
+    assert read_lock(lock) == {canonicalize_name(name): version for name, version in installed().items()}
+    lock_main(["--lock", str(lock), "--check"])
+    assert "packages installed as" in capsys.readouterr().out
+    torch_version = installed()["torch"]
+    lock.write_text(lock.read_text().replace(f"\ntorch=={torch_version}\n", "\ntorch==0.1\n"))
+    with pytest.raises(SystemExit) as exit_:
+        lock_main(["--lock", str(lock), "--check"])
+    assert exit_.value.code == 1
+    assert f"torch {torch_version}: the lock pins 0.1\n1 of " in capsys.readouterr().out
