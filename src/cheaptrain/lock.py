@@ -38,9 +38,9 @@ def installed(root: str = "cheaptrain", extras: tuple[str, ...] = ("dev",)) -> d
     todo = [(root, frozenset(extras))]
     while todo:
         name, wanted = todo.pop()
-        if (canonicalize_name(name), wanted) in seen:
+        if (key := (canonicalize_name(name), wanted)) in seen:
             continue
-        seen.add((canonicalize_name(name), wanted))
+        seen.add(key)
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError as e:
