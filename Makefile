@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 .PHONY: quickstart test lint lock bench server gpu-check ledger gpu-ledger
 
-# the versions of constraints.txt (the lock: those CI passed with), whatever is newer in the registry
+# at the versions constraints.txt pins (the lock: those CI passed with), not the registry's newest
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

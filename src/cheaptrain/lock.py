@@ -45,7 +45,7 @@ def installed(root: str = "cheaptrain", extras: tuple[str, ...] = ("dev",)) -> d
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError as e:
             raise UserError(f"{name} is required but not installed here: run `make test`, which installs it") from e
-        if canonicalize_name(name) != canonicalize_name(root):
+        if key[0] != canonicalize_name(root):
             found[dist.metadata["Name"]] = dist.version
         for line in dist.requires or []:
             required = Requirement(line)
@@ -55,23 +55,28 @@ def installed(root: str = "cheaptrain", extras: tuple[str, ...] = ("dev",)) -> d
     return found
 
 
+def by_name(packages: dict[str, str]) -> list[tuple[str, str]]:
+    """(name, version) in the order of names, whatever their case."""
+    return sorted(packages.items(), key=lambda item: item[0].lower())
+
+
 def read_lock(path: Path) -> dict[str, str]:
     """The lock's pins, by canonical name: version."""
     pins = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not (line := line.split("#", 1)[0].strip()):
             continue
-        name, sep, version = line.partition("==")
-        if not sep or not name.strip() or not version.strip():
+        name, sep, version = (part.strip() for part in line.partition("=="))
+        if not (sep and name and version):
             raise UserError(f"{path}:{number}: {line!r} is not name==version")
-        pins[canonicalize_name(name.strip())] = version.strip()
+        pins[canonicalize_name(name)] = version
     return pins
 
 
 def differences(pins: dict[str, str], here: dict[str, str]) -> list[str]:
     """Each package installed here that the lock does not pin, or pins at another version, in words."""
     found = []
-    for name, version in sorted(here.items(), key=lambda item: item[0].lower()):
+    for name, version in by_name(here):
         pinned = pins.get(canonicalize_name(name))
         if pinned is None:
             found.append(f"{name} {version}: not in the lock")
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     here = installed()
     if not args.check:
-        pins = [f"{name}=={version}\n" for name, version in sorted(here.items(), key=lambda item: item[0].lower())]
+        pins = [f"{name}=={version}\n" for name, version in by_name(here)]
         atomic_write(args.lock, HEADER + "".join(pins))
         print(f"{args.lock}: {len(here)} packages pinned")
         return
