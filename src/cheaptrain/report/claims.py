@@ -15,6 +15,7 @@ from cheaptrain.papers import paper_setting as paper_setting_of
 from cheaptrain.report.cells import (
     CHEAP_EPOCH_NOTE,
     MEASURE_LABEL,
+    MEASURE_SHORT,
     NOT_IN_PAPER,
     Table,
     cheap_epoch_cell,
@@ -44,8 +45,11 @@ CLAIMS = {  # a published metric of a method: (our statistic, what it is, digits
     "time_saving": ("own_time_saving_pct", "time saved % (vs its own full epochs)", 1),
     "updated_params_reduction": ("updated_params_reduction_pct", "updated-parameter reduction %", 1),  # WUS Table 3
 }
+ACCURACIES = [metric for metric, (figure, _, _) in CLAIMS.items() if figure == "acc_delta"]  # the papers' Tables 2
 WITHIN, OUTSIDE, NOISE, NOT_RUN = "within tolerance", "outside tolerance", "within noise", "not yet run"
 CLAIMS_FIGURE = "ledger_claims.png"
+ACCURACY_FIGURE = "ledger_accuracy.png"
+OURS_COLOR = "tab:blue"
 VERDICT_COLORS = {WITHIN: "tab:green", OUTSIDE: "tab:red", NOISE: "tab:orange"}
 UNAVAILABLE = {  # datasets these machines cannot obtain: (verdict, why)
     "cifar100": (
@@ -233,6 +237,70 @@ def seeds_cell(row: dict[str, Any], name: str) -> str:
     return f"{over} of {seeds}" if row.get(f"{name}_mean") is not None and over < seeds else str(seeds)
 
 
+ACCURACY_HEADERS = ["study", "dataset", "model", "method", "measure", "ours [95% interval]", "seeds", "device", "paper",
+                    "diff", "setting"]  # fmt: skip
+
+
+def accuracy_level(
+    chosen: dict[tuple, tuple[dict[str, Any], list[str]]], published: dict[tuple, float]
+) -> tuple[Table, list[dict[str, Any]]]:
+    """Our accuracy beside each accuracy the papers publish (their Tables 2, the baselines' included) that has a run at
+    the paper's setting: how far the level of our runs lies from the paper's, which a claim's Δ, a method against its
+    own baseline, does not show. Returns the table and its points for claims_figure."""
+    rows, points, gaps = [], [], {}
+    cells = [(key, value) for key, value in published.items() if key[4] in ACCURACIES]
+    for (study, dataset, model, method, _), theirs in cells:
+        if (found := chosen.get((study, dataset, model, method))) is None:
+            continue
+        row, notes = found
+        ours, measure = row.get("acc_mean"), MEASURE_SHORT[row["acc_measure"]]
+        bounds = interval(row, "acc")
+        if ours is None:  # every seed ended at chance
+            shown = f"— ({missing_figure(row, 'acc')})"
+        else:
+            shown = stat(row, "acc", 2) if bounds is None else f"{ours:.2f} [{bounds[1]:.2f}, {bounds[2]:.2f}]"
+        rows.append([study, dataset, model, method, measure, shown, str(int(row["seeds"])), row.get("devices") or "—",
+                     fmt(theirs, 2), fmt(None if ours is None else ours - theirs, 2, True),
+                     "; ".join(notes) or "paper's"])  # fmt: skip
+        if ours is None:
+            continue
+        if bounds is None and row.get("acc_std") is not None:  # ±1 sd with 2 seeds, as the claims figure draws it
+            bounds = (ours, ours - row["acc_std"], ours + row["acc_std"])
+        points.append({"panel": f"{study.upper()}, {dataset}: {measure}", "label": f"{model} · {method}",
+                       "ours": ours, "lo": bounds and bounds[1], "hi": bounds and bounds[2], "paper": theirs,
+                       "tolerance": None, "verdict": "ours", "color": OURS_COLOR})  # fmt: skip
+        if method == BASELINE:
+            gaps.setdefault(study.upper(), []).append(ours - theirs)
+    spans = [
+        f"{study}'s {min(g):+.2f} to {max(g):+.2f} points ({len(g)} network{'s' * (len(g) > 1)})"
+        for study, g in gaps.items()
+    ]
+    finals: dict[tuple[str, str], dict[str, float]] = {}  # a network's baselines under each study's recipe
+    for (study, dataset, model, method), (row, _) in chosen.items():
+        if method == BASELINE and row.get("final_acc_mean") is not None:
+            finals.setdefault((dataset, model), {})[study] = row["final_acc_mean"]
+    both = [
+        f"{dataset}/{model} " + ", ".join(f"{study} {acc:.2f}" for study, acc in sorted(by_study.items()))
+        for (dataset, model), by_study in sorted(finals.items())
+        if len(by_study) > 1
+    ]
+    note = (
+        "Our test accuracy beside each accuracy the papers publish (DFP Table 2, WUS Table 2, each in its paper's "
+        "measure), the baselines' among them, where a run at the paper's setting exists: the mean over seeds and its "
+        "95% t-interval (3+ seeds; (sd) with 2); diff: ours minus the paper's. The claims above compare each method "
+        "with its own baseline; this table shows how far the level of our runs lies from the paper's. "
+        + (f"Our baselines against the papers': {', '.join(spans)}. " if spans else "")
+        + (
+            "The networks trained by both studies' recipes (docs/methods.md), their baselines' final-epoch accuracy "
+            f"under each: {'; '.join(both)}. "
+            if both
+            else ""
+        )
+        + f"{len(cells) - len(rows)} of the papers' {len(cells)} accuracies have no run at the paper's setting."
+    )
+    return Table("ledger_accuracy", "Accuracy against the papers'", note, ACCURACY_HEADERS, rows), points
+
+
 def wus_schedule_table(runs: list[Run], published: dict[tuple, float]) -> Table:
     """Per WUS or WUS+LR run at the paper's setting on a network the paper lacks: its share of skip epochs and its
     Eq. 1 reduction, beside the range of Table 3 on the same dataset."""
@@ -325,6 +393,7 @@ def paper_scale(
         notes.append(collapsed_note(failed))
     learned = [run for run in runs if not collapsed(run)]  # what the tables and figures below show
     claims_table = Table("ledger", "Every published claim", coverage, CLAIM_HEADERS, cells)
+    level, level_points = accuracy_level(chosen, published)
     wus = wus_schedule_table(learned, published)
     at_scale = [row for row, _ in chosen.values()]
     keys = {row_key(row) for row in at_scale}
@@ -361,6 +430,7 @@ def paper_scale(
         CLAIMS_FIGURE: claims_figure(
             ran_points, f"{where}: every published claim run so far, ours against the paper's"
         ),
+        ACCURACY_FIGURE: claims_figure(level_points, f"{where}: our accuracy against the paper's"),
     }
     lines = [
         "## Reproduced at the papers' scale",
@@ -380,8 +450,15 @@ def paper_scale(
         "",
         f"![{LEDGER_FIGURES[CLAIMS_FIGURE]}](figures/{CLAIMS_FIGURE})",  # the table above, at a glance
         "",
+        level.markdown(),
+        f"![{LEDGER_FIGURES[ACCURACY_FIGURE]}](figures/{ACCURACY_FIGURE})",
+        "",
         cost.markdown(),
         wus.markdown(),
-        *(f"![{what}](figures/{name})\n" for name, what in LEDGER_FIGURES.items() if name != CLAIMS_FIGURE),
+        *(
+            f"![{what}](figures/{name})\n"
+            for name, what in LEDGER_FIGURES.items()
+            if name not in (CLAIMS_FIGURE, ACCURACY_FIGURE)
+        ),
     ]
-    return "\n".join(lines), [claims_table, cost, wus], figs
+    return "\n".join(lines), [claims_table, level, cost, wus], figs

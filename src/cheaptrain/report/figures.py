@@ -27,6 +27,7 @@ LEDGER_FIGURES = {  # the runs at the papers' setting (grid or ledger): file -> 
     "ledger_wus_phases.png": "WUS phases over the papers' 200 epochs",
     "ledger_pruned_samples.png": "Sample-passes left out so far, per epoch, at the papers' setting",
     "ledger_claims.png": "Every published claim run so far: ours against the paper's, with the tolerance",
+    "ledger_accuracy.png": "Our accuracy against the paper's, the baselines' included",
 }
 
 
@@ -354,7 +355,7 @@ def _legend_beside(row: list) -> None:
 def claims_figure(points: list[dict[str, Any]], title: str) -> Figure:
     """One panel per kind of claim, one line per claim that ran: the paper's figure (star) inside its tolerance band
     (grey), ours (dot, colored by its verdict) with its interval. A point: panel, label, ours, lo, hi (None: no
-    interval), paper, tolerance, verdict, color."""
+    interval), paper, tolerance (None: no band), verdict, color."""
     if not points:
         return _empty(title, "No published claim has been run at the paper's setting yet.")
     panels = list(dict.fromkeys(p["panel"] for p in points))
@@ -363,8 +364,9 @@ def claims_figure(points: list[dict[str, Any]], title: str) -> Figure:
     for ax, name in zip(axes, panels, strict=False):
         shown = [p for p in points if p["panel"] == name][::-1]  # the table's first claim on top
         for y, p in enumerate(shown):
-            band = (p["paper"] - p["tolerance"], p["paper"] + p["tolerance"])
-            ax.plot(band, (y, y), color="0.85", lw=9, solid_capstyle="butt", label="paper ± tolerance")
+            if p["tolerance"] is not None:
+                band = (p["paper"] - p["tolerance"], p["paper"] + p["tolerance"])
+                ax.plot(band, (y, y), color="0.85", lw=9, solid_capstyle="butt", label="paper ± tolerance")
             ax.plot(p["paper"], y, marker="*", ms=12, mfc="white", mec="0.2", ls="none", label="paper")
             xerr = None if p["lo"] is None else [[p["ours"] - p["lo"]], [p["hi"] - p["ours"]]]
             ax.errorbar(p["ours"], y, xerr=xerr, marker="o", ms=6, color=p["color"], capsize=3, lw=1.6,
