@@ -165,17 +165,28 @@ def interval(row: dict[str, Any], name: str) -> tuple[float, float, float] | Non
     return None
 
 
-def claim_figure(row: dict[str, Any] | None, claim: Claim) -> str:
-    """Our figure: 'mean [lo, hi]' with its 95% interval; stat() under 3 seeds; why it is missing."""
-    if row is None:
-        return "—"
-    name, digits = claim.figure, claim.digits
+def figure_cell(row: dict[str, Any], name: str, digits: int, sign: bool) -> str:
+    """Our figure `name`: 'mean [lo, hi]' with its 95% interval; stat() under 3 seeds; why it is missing."""
     if row.get(f"{name}_mean") is None:
         return f"— ({missing_figure(row, name)})"
     if (bounds := interval(row, name)) is None:
-        return stat(row, name, digits, sign=True, note=False)  # the seeds column says over how many
+        return stat(row, name, digits, sign=sign, note=False)  # the seeds column says over how many
     mean, lo, hi = bounds
-    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+    form = f"{'+' if sign else ''}.{digits}f"
+    return f"{mean:{form}} [{lo:{form}}, {hi:{form}}]"
+
+
+def claim_figure(row: dict[str, Any] | None, claim: Claim) -> str:
+    """A claim's figure of ours (figure_cell, signed); '—' without a run."""
+    return "—" if row is None else figure_cell(row, claim.figure, claim.digits, sign=True)
+
+
+def drawn_bounds(row: dict[str, Any], name: str) -> tuple[float | None, float | None]:
+    """What claims_figure draws around our figure `name`: its 95% interval, ±1 sd with 2 seeds, else none."""
+    if (bounds := interval(row, name)) is not None:
+        return bounds[1], bounds[2]
+    mean, std = row[f"{name}_mean"], row.get(f"{name}_std")
+    return (None, None) if std is None else (mean - std, mean + std)
 
 
 def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str, float]) -> dict[str, Any]:
@@ -183,10 +194,7 @@ def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str
     figure and the tolerance of the verdict."""
     name = claim.figure
     mean = row[f"{name}_mean"]
-    bounds = interval(row, name)
-    if bounds is None and row.get(f"{name}_std") is not None:
-        bounds = (mean, mean - row[f"{name}_std"], mean + row[f"{name}_std"])
-    _, lo, hi = bounds or (mean, None, None)
+    lo, hi = drawn_bounds(row, name)
     label = f"{claim.dataset} · {claim.model} · {claim.method}{paired_note(row, name)}"
     return {
         "panel": claim.what, "label": label, "ours": mean, "lo": lo,
@@ -254,21 +262,15 @@ def accuracy_level(
             continue
         row, notes = found
         ours, measure = row.get("acc_mean"), MEASURE_SHORT[row["acc_measure"]]
-        bounds = interval(row, "acc")
+        rows.append([study, dataset, model, method, measure, figure_cell(row, "acc", 2, sign=False),
+                     str(int(row["seeds"])), row.get("devices") or "—", fmt(theirs, 2),
+                     fmt(None if ours is None else ours - theirs, 2, True), "; ".join(notes) or "paper's"])  # fmt: skip
         if ours is None:  # every seed ended at chance
-            shown = f"— ({missing_figure(row, 'acc')})"
-        else:
-            shown = stat(row, "acc", 2) if bounds is None else f"{ours:.2f} [{bounds[1]:.2f}, {bounds[2]:.2f}]"
-        rows.append([study, dataset, model, method, measure, shown, str(int(row["seeds"])), row.get("devices") or "—",
-                     fmt(theirs, 2), fmt(None if ours is None else ours - theirs, 2, True),
-                     "; ".join(notes) or "paper's"])  # fmt: skip
-        if ours is None:
             continue
-        if bounds is None and row.get("acc_std") is not None:  # ±1 sd with 2 seeds, as the claims figure draws it
-            bounds = (ours, ours - row["acc_std"], ours + row["acc_std"])
+        lo, hi = drawn_bounds(row, "acc")
         points.append({"panel": f"{study.upper()}, {dataset}: {measure}", "label": f"{model} · {method}",
-                       "ours": ours, "lo": bounds and bounds[1], "hi": bounds and bounds[2], "paper": theirs,
-                       "tolerance": None, "verdict": "ours", "color": OURS_COLOR})  # fmt: skip
+                       "ours": ours, "lo": lo, "hi": hi, "paper": theirs, "tolerance": None, "verdict": "ours",
+                       "color": OURS_COLOR})  # fmt: skip
         if method == BASELINE:
             gaps.setdefault(study.upper(), []).append(ours - theirs)
     spans = [
