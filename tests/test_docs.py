@@ -57,7 +57,8 @@ def test_every_file_target_and_module_the_docs_name_exists(doc):
     targets = set(re.findall(r"^([\w.-]+):", (REPO / "Makefile").read_text(), re.MULTILINE))
     missing = [p for p in sorted(set(NAMED_FILE.findall(text))) if not (REPO / p).exists()]
     missing += [f"make {t}" for t in sorted(set(MAKE_TARGET.findall(text))) if t not in targets]
-    missing += [
-        m for m in sorted(set(MODULE.findall(text))) if not (REPO / "src" / (m.replace(".", "/") + ".py")).exists()
-    ]
+    for module in sorted(set(MODULE.findall(text))):
+        path = REPO / "src" / module.replace(".", "/")
+        if not (path.with_suffix(".py").exists() or (path / "__main__.py").exists()):
+            missing.append(f"python -m {module}")
     assert missing == []
