@@ -519,6 +519,16 @@ def test_a_method_slower_than_its_own_full_epochs_is_not_within_noise():
     assert [t.get_position()[0] for t in ax.texts if t.get_text() == "noise"] == pytest.approx([-0.1])  # time's alone
 
 
+def test_a_method_whose_baseline_trained_elsewhere_still_shows_its_compute_and_own_time_saved():
+    """Without a time saving paired with its baseline (other machine), a method's other two bars stay drawn."""
+    row = {"study": "wus", "dataset": "cifar10", "model": "alexnet", "method": "wus", "seeds": 12,
+           "compute_saving_pct_mean": 50.5, "time_saving_pct_mean": None, "own_time_saving_pct_mean": 52.4,
+           "own_time_saving_pct_lo": 50.2, "own_time_saving_pct_hi": 54.7}  # fmt: skip
+    (ax,) = [a for a in saving_figure([row]).axes if a.get_visible()]
+    heights = sorted(round(p.get_height(), 1) for p in ax.patches)
+    assert heights == [50.5, 52.4] and not any("No method" in t.get_text() for t in ax.texts)
+
+
 def test_report_says_where_the_setting_differs_from_the_papers(tmp_path):
     params = synthetic_grid(tmp_path, seeds=(0,))
     runs = collect(params, tmp_path)

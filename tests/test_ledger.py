@@ -213,6 +213,34 @@ def test_without_mlflow_an_entry_is_written_and_imported_once_later(repo):
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_two_processes_that_import_one_entry_at_once_add_one_run(repo, monkeypatch):
+    """Runs that reuse one entry at once (queued experiments) each import it: the store gets it once. A search that
+    takes a while stands in for the race: both would find no run, and both would add one."""
+    import threading
+    import time
+
+    from mlflow import MlflowClient
+
+    train_run(config(), track=False)
+    (entry,) = ledger.entries()
+    search = MlflowClient.search_runs
+
+    def slow_search(self, *args, **kwargs):
+        found = search(self, *args, **kwargs)
+        time.sleep(0.5)
+        return found
+
+    monkeypatch.setattr(MlflowClient, "search_runs", slow_search)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(ledger.import_entry(entry))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    (run,) = mlflow_runs("cifar10-lenet-baseline-s7")
+    assert sorted(results, key=lambda r: r[1]) == [(run.info.run_id, False), (run.info.run_id, True)]
+
+
 def test_the_import_command_adds_every_entry_once(repo, capsys):
     train_run(config(), track=False)
     train_run(config(seed=8), track=False)
@@ -262,6 +290,38 @@ def test_a_failed_record_leaves_no_staging_folder(repo, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         ledger.record(config().out_dir, config(), None)
     assert [p.name for p in (repo / "ledger/dfp").iterdir()] == ["cifar10-lenet-baseline-s7"]
+
+
+def test_a_record_whose_index_fails_keeps_the_new_entry_and_no_copy_of_the_old(repo, monkeypatch):
+    train_run(config(), track=False)
+    (config().out_dir / "metrics.json").write_text(json.dumps({"final_acc": 12.5, "epochs": 2}))
+
+    def index_fails(root=None):
+        raise UserError("ledger entry ledger/dfp/other: metrics.json is not a mapping")
+
+    monkeypatch.setattr(ledger, "write_index", index_fails)
+    with pytest.raises(UserError, match="is not a mapping"):
+        ledger.record(config().out_dir, config(), None)
+    assert [p.name for p in (repo / "ledger/dfp").iterdir()] == ["cifar10-lenet-baseline-s7"]
+    assert json.loads((repo / "ledger/dfp/cifar10-lenet-baseline-s7/metrics.json").read_text())["final_acc"] == 12.5
+
+
+def test_a_record_whose_swap_fails_puts_the_old_entry_back(repo, monkeypatch):
+    train_run(config(), track=False)
+    old = (repo / "ledger/dfp/cifar10-lenet-baseline-s7/metrics.json").read_text()
+    (config().out_dir / "metrics.json").write_text(json.dumps({"final_acc": 12.5, "epochs": 2}))
+    rename = Path.rename
+
+    def staging_fails(self, target):
+        if self.name.startswith(".cifar10-lenet-baseline-s7.") and ".replaced." not in self.name:
+            raise OSError(5, "Input/output error")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", staging_fails)
+    with pytest.raises(OSError, match="Input/output error"):
+        ledger.record(config().out_dir, config(), None)
+    assert [p.name for p in (repo / "ledger/dfp").iterdir()] == ["cifar10-lenet-baseline-s7"]
+    assert (repo / "ledger/dfp/cifar10-lenet-baseline-s7/metrics.json").read_text() == old
 
 
 def test_a_staging_folder_left_by_a_killed_record_is_not_an_entry(repo):
@@ -345,6 +405,7 @@ def test_a_run_whose_first_checkpoint_fails_is_marked_failed_not_left_running(re
         train_run(config())
     (run,) = mlflow_runs("cifar10-lenet-baseline-s7")
     assert run.info.status == "FAILED"
+    assert list((repo / "checkpoints").rglob("*.*")) == []
 
 
 @pytest.mark.parametrize(

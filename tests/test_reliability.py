@@ -803,6 +803,37 @@ def test_a_nan_loss_fails_the_mlflow_run_keeps_the_checkpoint_and_diverges_again
     assert not (workdir / "runs").exists()
 
 
+def test_a_run_that_diverges_in_its_first_epoch_leaves_no_checkpoint_and_says_so(workdir):
+    cfg = config(lr=1e12)
+    with pytest.raises(TrainingDiverged, match="in epoch 1") as info:
+        train_run(cfg)
+    assert "no checkpoint is kept" in str(info.value)
+    assert not checkpoint_path(cfg).exists() and not checkpoint_path(cfg).with_suffix(".lock").exists()
+    assert only_run(store_of(workdir)).info.status == "FAILED"
+
+
+@pytest.mark.parametrize("broken", ["threads", "store"])
+def test_a_run_that_fails_as_it_starts_is_failed_in_the_store_and_leaves_no_checkpoint(workdir, monkeypatch, broken):
+    """Failed, not left RUNNING for MLflow's exit hook to end as FINISHED with no epoch."""
+    import mlflow
+
+    if broken == "threads":
+        monkeypatch.setenv("CHEAPTRAIN_THREADS", "many")
+        expected = "CHEAPTRAIN_THREADS='many' is invalid"
+    else:
+
+        def store_fails(*args, **kwargs):
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(mlflow, "log_params", store_fails)
+        expected = "Input/output error"
+    with pytest.raises((UserError, OSError), match=expected):
+        train_run(config())
+    assert mlflow.active_run() is None
+    assert only_run(store_of(workdir)).info.status == "FAILED"
+    assert list((workdir / "checkpoints").rglob("*.*")) == []
+
+
 def test_the_stage_exits_2_on_a_nan_loss_with_the_message(workdir, monkeypatch):
     (workdir / "params.yaml").write_text(yaml.safe_dump(small_params(methods=("poison",)), sort_keys=False))
     result = train_in_process(monkeypatch, workdir, *run_args("poison"))

@@ -45,7 +45,7 @@ from cheaptrain import UserError, atomic_write, is_int
 from cheaptrain.cli import run_command
 from cheaptrain.config import RunConfig, prepared_train_size
 from cheaptrain.papers import paper_setting
-from cheaptrain.tracking import machines_text, project_root
+from cheaptrain.tracking import INTERRUPTS, machines_text, project_root
 
 FILES = ("run.json", "metrics.json", "history.csv")
 INDEX = "metrics.json"
@@ -229,19 +229,23 @@ def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}"
     staging.mkdir()  # the umask's permissions, which the entry keeps (mkdtemp's 0700 would hide it from others)
+    replaced = path.parent / f".{path.name}.replaced.{uuid.uuid4().hex[:8]}"  # a dot-name: no entry
     try:
         for name in FILES:
             shutil.copy2(out_dir / name, staging / name)
-        replaced = path.parent / f".{path.name}.replaced.{uuid.uuid4().hex[:8]}"  # a dot-name: no entry
         with _lock():
-            if path.exists():
-                path.rename(replaced)  # renamed, not removed here: a reader never sees part of an entry
-            staging.rename(path)  # whole or absent: never a half-written entry
+            with INTERRUPTS.held_back():  # a signal between the two renames would leave no entry at all
+                if path.exists():
+                    path.rename(replaced)  # renamed, not removed here: a reader never sees part of an entry
+                staging.rename(path)  # whole or absent: never a half-written entry
             write_index()
-    except BaseException:  # a full disk or an interrupt leaves no staging folder behind
+    except BaseException:  # a full disk or an interrupt leaves no staging folder behind, and the old entry in place
         shutil.rmtree(staging, ignore_errors=True)
+        if replaced.exists() and not path.exists():
+            replaced.rename(path)
         raise
-    shutil.rmtree(replaced, ignore_errors=True)
+    finally:  # the entry replaced is gone once the new one is in place, even where the index then fails
+        shutil.rmtree(replaced, ignore_errors=True)
     if run_id:
         _tag_run(run_id, read_entry(path).id)
     print(f"{cfg.study}/{cfg.name}: recorded in the ledger, {path} (commit it)", file=sys.stderr)
@@ -293,7 +297,13 @@ def _tag_run(run_id: str, entry_id: str) -> None:
 def import_entry(entry: Entry) -> tuple[str, bool]:
     """The MLflow run of `entry` in the tracking store: (run id, whether it was imported now). A finished run tagged
     with the entry's id (imported before, or the live run that recorded it) is reused, so importing twice adds
-    nothing; an import stopped part way is marked FAILED and done again."""
+    nothing, also from two processes at once (runs that reuse one entry); an import stopped part way is marked FAILED
+    and done again."""
+    with _lock():  # the store is searched, then written: one importer at a time
+        return _import(entry)
+
+
+def _import(entry: Entry) -> tuple[str, bool]:
     from mlflow.entities import Metric
 
     from cheaptrain.tracking import DatasetRef, ensure_experiment, flatten, log_dataset, store_client

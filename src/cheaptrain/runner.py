@@ -531,9 +531,9 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         train_split, test_split = load_split(cfg.data_dir, "train"), load_split(cfg.data_dir, "test")
         ident = identity(cfg)
         resume = broadcast(processes, resume_state(cfg, ckpt, ident, owner, tracker) if processes.main else None)
-        logged = tracker.start(cfg.name, cfg.to_dict(), run_tags(cfg.study, cfg.device), resume and resume["run_id"],
-                               dataset=dataset_ref(cfg.data_dir))  # fmt: skip
-        try:  # a run no checkpoint names yet (its first save failed) ends FAILED, not RUNNING
+        try:  # a run whose start or first save fails ends FAILED, not RUNNING (nor FINISHED by MLflow's exit hook)
+            logged = tracker.start(cfg.name, cfg.to_dict(), run_tags(cfg.study, cfg.device),
+                                   resume and resume["run_id"], dataset=dataset_ref(cfg.data_dir))  # fmt: skip
             bar_shown = sys.stderr.isatty()  # tqdm's own test: it shows its bar only on a terminal
             recorder = Recorder(cfg, ident, tracker, owner, resume, logged, writer,
                                 lines=processes.main and not bar_shown)  # fmt: skip
@@ -546,9 +546,12 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
                 recorder.save({"history": []})
         except BaseException:
             tracker.fail("FAILED")
+            if owner and not resume:  # nothing to resume: nothing left behind
+                ckpt.unlink(missing_ok=True)
+                ckpt.with_suffix(".lock").unlink(missing_ok=True)
             raise
-        torch.set_num_threads(cpu_threads(cfg.threads, processes.local_world))  # after the lock: the others count
         try:
+            torch.set_num_threads(cpu_threads(cfg.threads, processes.local_world))  # after the lock: the others count
             try:
                 history = fit(cfg, train_split, test_split, method, resume if recorder.done else None,
                               recorder.epoch_end, processes)  # fmt: skip
@@ -570,6 +573,7 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
             recorder.log_missing(recorder.history)  # the store gets what the checkpoint holds
             tracker.fail("FAILED")
+            recorder.discard()  # diverged in its first epoch: nothing to resume
             raise TrainingDiverged(
                 f"{e} The MLflow run {tracker.run_id} is marked FAILED; {recorder.kept()}. Running again with the "
                 "same params diverges again; changed params start afresh."

@@ -28,7 +28,8 @@ seconds / the run's: the same evaluation, on the same kind of machine, since onl
 busier during one run than during the other, hours apart, does not enter it either; and the time saved against the
 run's own full epochs (`own_time_saving_pct`), 100·(1 − robust time / (epochs × the
 full kind's median epoch time)): both sides come from one run, so the drift of a machine between two runs does not
-enter it, and a run of full epochs only saves exactly 0. `full_epoch_s` is the full kind's median epoch time.
+enter it, and a run of full epochs only saves exactly 0. `full_epoch_s` is the full kind's median epoch time, at
+the run's typical speed as every epoch above.
 
 Where the time goes: of the epochs after the first that do less than a full epoch's work (DFP's pruned epochs, WUS's
 skip epochs), `cheap_time_share` is their median seconds and `cheap_work_share` their median work, both as a share of

@@ -182,7 +182,8 @@ def claim_figure(row: dict[str, Any] | None, claim: Claim) -> str:
 
 
 def drawn_bounds(row: dict[str, Any], name: str) -> tuple[float | None, float | None]:
-    """What claims_figure draws around our figure `name`: its 95% interval, ±1 sd with 2 seeds, else none."""
+    """What claims_figure draws around our figure `name`: its 95% interval, else ±1 sd (a t-interval over seeds
+    that has 2), else none."""
     if (bounds := interval(row, name)) is not None:
         return bounds[1], bounds[2]
     mean, std = row[f"{name}_mean"], row.get(f"{name}_std")
@@ -190,8 +191,8 @@ def drawn_bounds(row: dict[str, Any], name: str) -> tuple[float | None, float | 
 
 
 def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str, float]) -> dict[str, Any]:
-    """A claim that ran, as claims_figure draws it: ours with its 95% interval (±1 sd with 2 seeds), the paper's
-    figure and the tolerance of the verdict."""
+    """A claim that ran, as claims_figure draws it: ours with its bounds (drawn_bounds), the paper's figure and the
+    tolerance of the verdict."""
     name = claim.figure
     mean = row[f"{name}_mean"]
     lo, hi = drawn_bounds(row, name)
@@ -362,17 +363,18 @@ def paper_scale(
     )
     notes = [
         "Ours: the mean over seeds and its 95% interval (accuracy Δ and reduction: the t-interval over seeds, from 3 "
-        "seeds; time saved: the interval of `cheaptrain.timing`, which also sees how epochs scatter within a run, each "
-        "put at the run's typical machine speed, read from its evaluation passes); "
-        "time saved is the run's against its own full epochs (the saving against its baseline's run, which needs both "
-        "on one machine, is in the tables below); "
-        "with 2 seeds the standard deviation (sd), with 1 the mean alone. Δ: method minus the baseline of the same "
-        "recipe and seed; the paper's: its method minus its baseline. diff: ours minus the paper's.",
+        "seeds, with 2 the standard deviation (sd), with 1 the mean alone; time saved: the interval of "
+        "`cheaptrain.timing` at any number of seeds, which also sees how epochs scatter within a run, each put at the "
+        "run's typical machine speed, read from its evaluation passes); time saved is the run's against its own full "
+        "epochs (the saving against its baseline's run, which needs both on one machine, is in the tables below). Δ: "
+        "method minus the baseline of the same recipe and seed; the paper's: its method minus its baseline. diff: "
+        "ours minus the paper's.",
         f"Verdict: within tolerance when ours lies within ±{agree['acc_points']:g} points (accuracy Δ) or "
         f"±{agree['saving_points']:g} points (time saved, reduction) of the paper's figure (params "
         "`aggregate.agree_within`) or, for the accuracy Δ and the reduction, the paper's figure lies within our 95% "
         "t-interval. A time saving further from the paper's is within noise, never outside tolerance, when its "
-        "interval contains the paper's figure; one above the compute saved is within noise too. Not yet run: no run "
+        "interval contains the paper's figure; one whose interval lies wholly more than those points above the compute "
+        "saved, its bound, is within noise however close to the paper's. Not yet run: no run "
         "at the paper's setting, or (accuracy Δ) no baseline of any of its seeds yet; with some, the Δ is over those "
         "(seeds: '2 of 3').",
         "Compute saved: 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation "

@@ -35,15 +35,15 @@ ID: list[Column] = [
 TIME_NOTE = (
     "Times in seconds are this machine's, the paper's come from other hardware and 200 epochs: compare the savings, "
     "not the seconds. Train time: the sum of the epochs; 1st epoch: epoch 1 alone (one-off costs); full epoch: the "
-    "median of the later epochs that train everything. Compute saved = 100·(1 − training FLOPs / the baseline's), "
-    "paired by seed: what an ideal implementation saves on any hardware, the bound for the time saved. Time saved = "
-    "100·(1 − robust time / the baseline's), paired by seed where both runs trained on one machine (the same device "
-    "and CPU threads; else: other machine, the findings say which seed), the run's put at the baseline's typical "
-    "speed; own time saved: against the run's own full epochs. The robust time puts each epoch at the run's typical "
-    "machine speed, read from its evaluation passes (the same work every epoch), and weighs each kind of epoch by its "
-    "median seconds per unit of work, so neither drift nor a few slow epochs move it (`src/cheaptrain/timing.py`); "
-    "[lo, hi] is the 95% interval; within noise: the interval contains 0, or (time saved) the method lost time "
-    "while doing less work. " + CHEAP_EPOCH_NOTE + " "
+    "median of the later epochs that train everything, each at the run's typical machine speed (below). Compute "
+    "saved = 100·(1 − training FLOPs / the baseline's), paired by seed: what an ideal implementation saves on any "
+    "hardware, the bound for the time saved. Time saved = 100·(1 − robust time / the baseline's), paired by seed "
+    "where both runs trained on one machine (the same device and CPU threads; else: other machine, the findings say "
+    "which seed), the run's put at the baseline's typical speed; own time saved: against the run's own full epochs. "
+    "The robust time puts each epoch at the run's typical machine speed, read from its evaluation passes (the same "
+    "work every epoch), and weighs each kind of epoch by its median seconds per unit of work, so neither drift nor a "
+    "few slow epochs move it (`src/cheaptrain/timing.py`); [lo, hi] is the 95% interval; within noise: the interval "
+    "contains 0, or (time saved) the method lost time while doing less work. " + CHEAP_EPOCH_NOTE + " "
 )
 
 
