@@ -293,6 +293,12 @@ def same_file(opened: Any, path: Path) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
+def remove_checkpoint(ckpt: Path) -> None:
+    """Remove a checkpoint and its lock file (the lock may be held: its holder is the one removing it)."""
+    ckpt.unlink(missing_ok=True)
+    ckpt.with_suffix(".lock").unlink(missing_ok=True)
+
+
 def remove_finished(cfg: RunConfig) -> None:
     """Remove the checkpoint of `cfg` and its lock where it holds every epoch: its run recorded its ledger entry, then
     stopped before removing them (killed, or its MLflow store failed). One a process trains from now stays, and so
@@ -303,8 +309,7 @@ def remove_finished(cfg: RunConfig) -> None:
     with checkpoint_owner(ckpt.with_suffix(".lock"), wait_s=0) as owner:
         state = read_checkpoint(ckpt, {})[0] if owner else None
         if state is not None and len(state["history"]) >= cfg.recipe.epochs:
-            ckpt.unlink(missing_ok=True)
-            ckpt.with_suffix(".lock").unlink(missing_ok=True)
+            remove_checkpoint(ckpt)
             print(f"{cfg.name}: removed the checkpoint of its finished run, {ckpt}", file=sys.stderr)
 
 
@@ -442,8 +447,7 @@ class Recorder:
     def discard(self) -> None:
         """A run that failed before its first epoch leaves nothing behind."""
         if self.owner and not self.done:
-            self.path.unlink(missing_ok=True)
-            self.path.with_suffix(".lock").unlink(missing_ok=True)
+            remove_checkpoint(self.path)
 
 
 def epoch_line(name: str, history: list[dict[str, Any]], epochs: int) -> str:
@@ -547,8 +551,7 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         except BaseException:
             tracker.fail("FAILED")
             if owner and not resume:  # nothing to resume: nothing left behind
-                ckpt.unlink(missing_ok=True)
-                ckpt.with_suffix(".lock").unlink(missing_ok=True)
+                remove_checkpoint(ckpt)
             raise
         try:
             torch.set_num_threads(cpu_threads(cfg.threads, processes.local_world))  # after the lock: the others count
@@ -594,8 +597,7 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
             tracker.fail("FAILED")
             raise
         if owner:
-            ckpt.unlink(missing_ok=True)
-            ckpt.with_suffix(".lock").unlink(missing_ok=True)
+            remove_checkpoint(ckpt)
     return final
 
 

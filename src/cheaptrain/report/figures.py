@@ -223,18 +223,17 @@ def saving_figure(summary: list[dict[str, Any]]) -> Figure:
     """Per method and configuration: compute saved, time saved against the baseline and against the run's own full
     epochs (95% intervals; 'noise' where within noise of 0), and the paper's time saved (hatched)."""
     title = "Saved against the baseline (same recipe, paired by seed)"
-    savings = ("compute_saving_pct_mean", "time_saving_pct_mean", "own_time_saving_pct_mean")
-    rows = [r for r in summary if r["method"] != BASELINE and any(r.get(k) is not None for k in savings)]
-    if not rows:
-        return _empty(title, "No method has a saving to show yet.")
-    studies = list(dict.fromkeys(r["study"] for r in rows))
-    most = max(sum(r["study"] == s for r in rows) for s in studies)
-    fig, axes = _panels(len(studies), title, width=max(6.5, 1.8 * most), height=4.4, cols=1)
     bars = (  # (column, offset, label, style)
         ("compute_saving_pct", -0.3, "compute saved (exact: the bound)", {"alpha": 0.45}),
         ("time_saving_pct", -0.1, "time saved (95% interval)", {}),
         ("own_time_saving_pct", 0.1, "time saved vs own full epochs (95% interval)", {"hatch": "..", "alpha": 0.7}),
     )
+    rows = [r for r in summary if r["method"] != BASELINE and any(r.get(f"{b[0]}_mean") is not None for b in bars)]
+    if not rows:
+        return _empty(title, "No method has a saving to show yet.")
+    studies = list(dict.fromkeys(r["study"] for r in rows))
+    most = max(sum(r["study"] == s for r in rows) for s in studies)
+    fig, axes = _panels(len(studies), title, width=max(6.5, 1.8 * most), height=4.4, cols=1)
     for ax, study in zip(axes, studies, strict=False):
         shown = [r for r in rows if r["study"] == study]
         xs = range(len(shown))
