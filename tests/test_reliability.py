@@ -564,6 +564,36 @@ def test_a_run_killed_in_its_first_epoch_continues_the_same_mlflow_run(workdir, 
     assert run.info.status == "FINISHED" and run.data.tags["resumed_after_epochs"] == "0"
 
 
+def test_an_untracked_attempt_between_tracked_ones_keeps_the_mlflow_run_that_the_last_continues(
+    workdir, monkeypatch, capsys, expected
+):
+    """Tracked to epoch 2, untracked (`--no-mlflow`) to epoch 4, tracked to the end: one MLflow run, every epoch
+    in it once, as if nothing had stopped it."""
+
+    real = Stateful.on_epoch_start
+
+    def crash_at(epoch: int, track: bool) -> None:
+        def crash(self, at, lr):
+            if at == epoch:
+                raise Crash
+            return real(self, at, lr)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Stateful, "on_epoch_start", crash)
+            with pytest.raises(Crash):
+                train_run(config(), track=track)
+
+    crash_at(3, track=True)
+    crash_at(5, track=False)
+    assert re.search(r"resuming after epoch 2 \(.*\), not tracked\n", capsys.readouterr().err)
+    assert checkpointed_epochs(workdir) == 4
+    final = train_run(config())
+    assert in_process_results(final, workdir) == expected
+    run = only_run(store_of(workdir))
+    assert run.info.status == "FINISHED" and run.data.tags["resumed_after_epochs"] == "4"
+    assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
 @pytest.mark.parametrize("resumed_on", ["this machine", "another machine", "a checkpoint without the record"])
 def test_run_json_names_each_machine_a_run_trained_on_from_its_first_epoch(workdir, monkeypatch, expected, resumed_on):
     """A run resumed on a CPU with other vector instructions (or another GPU) trains on as before, and run.json says
@@ -810,6 +840,8 @@ def test_a_run_that_diverges_in_its_first_epoch_leaves_no_checkpoint_and_says_so
     assert "no checkpoint is kept" in str(info.value)
     assert not checkpoint_path(cfg).exists() and not checkpoint_path(cfg).with_suffix(".lock").exists()
     assert only_run(store_of(workdir)).info.status == "FAILED"
+    with pytest.raises(TrainingDiverged, match=r"in epoch 1 .*The run is not tracked; no checkpoint is kept"):
+        train_run(cfg, track=False)
 
 
 @pytest.mark.parametrize("broken", ["threads", "store"])

@@ -391,12 +391,14 @@ class Recorder:
         self.writing: tuple[Future, int] | None = None  # the checkpoint being written, and its epochs
         self.history: list[dict[str, Any]] = []  # the epochs so far, as the last epoch's end saw them
         self.logged = logged  # epochs the store holds
+        # the MLflow run the checkpoint names: untracked, the one a tracked attempt began, which a later one continues
+        self.run_id = tracker.run_id or (resume and resume["run_id"]) or None
 
     def wall_s(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
 
     def checkpoint(self, state: dict[str, Any]) -> bytes:
-        meta = {"identity": self.identity, "run_id": self.tracker.run_id, "wall_s": self.wall_s(),
+        meta = {"identity": self.identity, "run_id": self.run_id, "wall_s": self.wall_s(),
                 "epochs": self.cfg.recipe.epochs, "machines": self.machines}  # fmt: skip
         return checkpoint_bytes(state | meta)
 
@@ -474,6 +476,10 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
+def failed_in(tracker: RunTracker | NoTracker) -> str:
+    return f"The MLflow run {tracker.run_id} is marked FAILED" if tracker.run_id else "The run is not tracked"
+
+
 def open_tracker(study: str, track: bool) -> RunTracker | NoTracker:
     """The MLflow run tracker, checked now (before any work), or none when tracking is off."""
     untracked = (
@@ -542,8 +548,8 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
             recorder = Recorder(cfg, ident, tracker, owner, resume, logged, writer,
                                 lines=processes.main and not bar_shown)  # fmt: skip
             if resume and processes.main:
-                print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), MLflow run {tracker.run_id}",
-                      file=sys.stderr)  # fmt: skip
+                into = f"MLflow run {tracker.run_id}" if tracker.run_id else "not tracked"
+                print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), {into}", file=sys.stderr)
                 tracker.note_resume(recorder.done, recorder.machines)
                 recorder.log_missing(resume["history"])
             else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
@@ -578,7 +584,7 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
             tracker.fail("FAILED")
             recorder.discard()  # diverged in its first epoch: nothing to resume
             raise TrainingDiverged(
-                f"{e} The MLflow run {tracker.run_id} is marked FAILED; {recorder.kept()}. Running again with the "
+                f"{e} {failed_in(tracker)}; {recorder.kept()}. Running again with the "
                 "same params diverges again; changed params start afresh."
             ) from None
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see stages/train.py)
