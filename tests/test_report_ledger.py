@@ -797,12 +797,20 @@ def test_a_run_that_ended_at_chance_is_left_out_of_every_figure_and_named(tmp_pa
     claims = {(r[2], r[3], r[4]): r for r in table.rows if r[1] == "cifar10"}
     assert claims["alexnet", "wus", "accuracy Δ (points)"][6] == "3 of 4"
     assert claims["alexnet", "wus", TIME_CLAIM][6] == "4"
+    assert claims["alexnet", "wus_lr", "accuracy Δ (points)"][6] == "2 of 3 (+ seed 2 at chance)"
+    assert claims["alexnet", "wus_lr", TIME_CLAIM][6] == "3 (+ seed 2 at chance)"
     assert claims["vgg11", "wus", "accuracy Δ (points)"][5] == "— (the baseline of seed 0 ended at chance)"
     assert "left out of every figure: wus cifar10/alexnet/baseline seed 3 (final 10.00%), wus " in markdown
     assert "wus cifar10/alexnet/wus_lr seed 2 (final 10.00%), wus cifar10/vgg11/baseline seed 0" in markdown
     (level,) = [t for t in tables if t.slug == "ledger_accuracy"]
     vgg11 = next(r for r in level.rows if r[2:4] == ["vgg11", "baseline"])
     assert vgg11[5:7] == ["— (its seed 0 ended at chance)", "0"] and vgg11[9] == "—"
+    alexnet_base = next(r for r in level.rows if r[2:4] == ["alexnet", "baseline"])
+    assert alexnet_base[6] == "3 (+ seed 3 at chance)"
+    (cost,) = [t for t in tables if t.slug == "ledger_accuracy_vs_cost"]
+    seeds = {r[3]: r[5] for r in cost.rows if r[1] == "alexnet"}
+    assert seeds == {"wus": "4", "wus_lr": "3 (+ seed 2 at chance)"}
+    assert "wus_lr: Δ -0.50 points (2 of 3 seeds) (seed 2 ended at chance, left out) at " in cost.note
     gap = base["acc_mean"] - 86.86  # AlexNet's baseline over its seeds that learned, against the paper's
     assert f"Our baselines against the papers': WUS's {gap:+.2f} to {gap:+.2f} points (1 network)." in level.note
 

@@ -52,6 +52,15 @@ def paired_note(row: dict[str, Any], name: str) -> str:
     return f" ({over} of {seeds} seeds)" if over < seeds else ""
 
 
+def seed_count(row: dict[str, Any], shown: str | None = None) -> str:
+    """A seeds cell: `shown` (else the row's seed count), and the seeds that ended at chance, which no figure counts:
+    '3 (+ seed 2 at chance)', so that a method that collapses on some seeds says so where it is compared. Where
+    every seed did, its figures say so (missing_figure)."""
+    text = str(int(row["seeds"])) if shown is None else shown
+    failed = seeds_text(row.get("collapsed_seeds"))
+    return f"{text} (+ {failed} at chance)" if failed and int(row["seeds"]) else text
+
+
 def seeds_text(seeds: str | None) -> str:
     """'seed 3' or 'seeds 0, 1' from a summary's space-separated seeds; '' for none."""
     listed = str(seeds or "").split()

@@ -24,6 +24,7 @@ from cheaptrain.report.cells import (
     missing_figure,
     paired_note,
     paired_seeds,
+    seed_count,
     stat,
 )
 from cheaptrain.report.equal_cost import cost_table, implementation_of, seed_accuracies
@@ -243,7 +244,7 @@ def claim_cells(claim: Claim, found: tuple[dict[str, Any], list[str]] | None, ve
 def seeds_cell(row: dict[str, Any], name: str) -> str:
     """The seeds the claim's figure is over: '3', or '2 of 3' for a paired one whose baselines are still to run."""
     over, seeds = paired_seeds(row, name), int(row["seeds"])
-    return f"{over} of {seeds}" if row.get(f"{name}_mean") is not None and over < seeds else str(seeds)
+    return seed_count(row, f"{over} of {seeds}" if row.get(f"{name}_mean") is not None and over < seeds else None)
 
 
 ACCURACY_HEADERS = ["study", "dataset", "model", "method", "measure", "ours [95% interval]", "seeds", "device", "paper",
@@ -264,7 +265,7 @@ def accuracy_level(
         row, notes = found
         ours, measure = row.get("acc_mean"), MEASURE_SHORT[row["acc_measure"]]
         rows.append([study, dataset, model, method, measure, figure_cell(row, "acc", 2, sign=False),
-                     str(int(row["seeds"])), row.get("devices") or "—", fmt(theirs, 2),
+                     seed_count(row), row.get("devices") or "—", fmt(theirs, 2),
                      fmt(None if ours is None else ours - theirs, 2, True), "; ".join(notes) or "paper's"])  # fmt: skip
         if ours is None:  # every seed ended at chance
             continue

@@ -8,7 +8,17 @@ from itertools import combinations
 from typing import Any, NamedTuple
 
 from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, row_key
-from cheaptrain.report.cells import Column, Table, missing_figure, paired_note, paper, saving_cell, stat
+from cheaptrain.report.cells import (
+    Column,
+    Table,
+    missing_figure,
+    paired_note,
+    paper,
+    saving_cell,
+    seed_count,
+    seeds_text,
+    stat,
+)
 
 COST_NOTE = (
     "Each method at each of its budgets (its named configurations, `methods.<name>.method`), paired by seed with "
@@ -80,6 +90,8 @@ def point_text(row: dict[str, Any]) -> str:
     found = acc_interval(row)
     shown = f"{row['acc_delta_mean']:+.2f}" + (f" [{found[0]:+.2f}, {found[1]:+.2f}]" if found else "")
     shown += f" points{paired_note(row, 'acc_delta')}"
+    if failed := seeds_text(row.get("collapsed_seeds")):
+        shown += f" ({failed} ended at chance, left out)"
     return f"{name}: Δ {shown} at {row['compute_saving_pct_mean']:.1f}% compute saved"
 
 
@@ -229,7 +241,7 @@ def cost_columns(time_figure: str) -> list[Column]:
         ("budget: compute saved", lambda r: r["budget"]),
         ("method", lambda r: r["method"]),
         ("implements", lambda r: r["implementation"]),
-        ("seeds", lambda r: str(int(r["seeds"]))),
+        ("seeds", seed_count),
         ("compute saved %", lambda r: stat(r, "compute_saving_pct", 1)),
         (TIME_SAVED[time_figure].header, lambda r: saving_cell(r, time_figure)),
         ("Δ vs baseline", lambda r: stat(r, "acc_delta", sign=True)),

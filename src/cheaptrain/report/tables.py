@@ -21,6 +21,7 @@ from cheaptrain.report.cells import (
     paired_note,
     paper,
     saving_cell,
+    seed_count,
     stat,
     within_noise,
 )
@@ -30,7 +31,7 @@ ID: list[Column] = [
     ("dataset", lambda r: r["dataset"]),
     ("model", lambda r: r["model"]),
     ("method", lambda r: r["method"]),
-    ("seeds", lambda r: str(int(r["seeds"]))),
+    ("seeds", seed_count),
 ]
 TIME_NOTE = (
     "Times in seconds are this machine's, the paper's come from other hardware and 200 epochs: compare the savings, "
