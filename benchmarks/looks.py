@@ -5,13 +5,13 @@ widened for every time it was looked at.
 
 Each seed's accuracy difference between the configuration and the one --against names (default: its baseline, the
 accuracy Δ), by the study's paper's measure (the report's default), over the seeds both have (runs that ended at chance
-left out, as the report leaves them out), in the order the pairs became complete (the later `finished_at` of the two
-entries' run.json; seed order where an entry lacks it). Printed for the first K of those seeds, for each K of --at
-(default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `equal_cost.Paired`), the
+left out and named, as the report leaves them out), in the order the pairs became complete (the later `finished_at` of
+the two entries' run.json; seed order where an entry lacks it). Printed for the first K of those seeds, for each K of
+--at (default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `equal_cost.Paired`), the
 seeds it is ahead on, and whether the interval excludes 0 (the report's finding). A comparison looked at after each
-batch of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of
-the time when nothing is there: last, for all the seeds, the interval widened for --looks looks (default: the number
-of --at values, with --at) by Bonferroni's rule, a (1 − 0.05 / looks) t-interval, which holds whatever the looks saw.
+batch of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of the
+time when nothing is there: last, for all the seeds, the interval widened for --looks looks (default: the number of --at
+values, with --at) by Bonferroni's rule, a (1 − 0.05 / looks) t-interval, which holds whatever the looks saw.
 No training: seconds.
 """
 
@@ -78,9 +78,13 @@ def main() -> None:
         raise UserError(f"{parts[0]}: not a study of the ledger; accepted: {', '.join(measures)}")
     measure = measures[parts[0]]
     entries: dict[str, dict[int, Run]] = {}  # method -> seed -> its entry, of the configuration's network
+    at_chance: dict[str, list[int]] = {}  # method -> its seeds that ended at chance
     for run in ledger_runs(root):
-        if config_key(run)[:3] == tuple(parts[:3]) and not collapsed(run):
-            entries.setdefault(config_key(run)[3], {})[run.seed] = run
+        if config_key(run)[:3] == tuple(parts[:3]):
+            if collapsed(run):
+                at_chance.setdefault(config_key(run)[3], []).append(run.seed)
+            else:
+                entries.setdefault(config_key(run)[3], {})[run.seed] = run
     for method in (parts[3], args.against):
         if method not in entries:
             known = ", ".join(sorted(entries)) or "none"
@@ -101,6 +105,9 @@ def main() -> None:
     order = "as their pairs came in" if by_arrival else "in seed order"
     print(f"{args.configuration} minus {args.against} ({measure}, points) over the first K of their {len(seeds)} "
           f"shared seeds, {order}, in {root}")  # fmt: skip
+    for method in dict.fromkeys((parts[3], args.against)):
+        if failed := sorted(at_chance.get(method, [])):
+            print(f"left out, ended at chance: {method} seed{'s' * (len(failed) > 1)} {', '.join(map(str, failed))}")
     print(f"{'K':>3}{'Kth seed':>10}{'mean':>8}  {'95% interval':<18}{'ahead on':>9}  finding")
     for k in counts:
         paired = Paired.of(differences[:k])  # the report's mean, interval and seeds ahead

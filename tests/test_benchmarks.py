@@ -401,6 +401,15 @@ def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_int
     ):
         failed = benchmark_here(monkeypatch, "looks", *args, "--ledger", str(tmp_path))
         assert failed.returncode == 2 and said in failed.stderr, (args, failed.stderr)
+    # seed 6: dfp's network ended at chance, as the report leaves it out, so do the looks, and they say so
+    for method, acc in (("baseline", 60.0), ("dfp", 10.0)):
+        metrics = {"final_acc": acc, "best_acc": acc, "best3_acc": acc, "epochs": 1, "train_time_s": 1.0,
+                   "total_trained_samples": 100.0}  # fmt: skip
+        config = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": method, "seed": 6}
+        write_run(tmp_path, "dfp", f"cifar10-lenet-{method}-s6", history, metrics, config)
+    lost = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path)).stdout
+    assert lost.splitlines()[1] == "left out, ended at chance: dfp seed 6" and "of their 5 shared seeds" in lost
+    assert [row.split()[:3] for row in lost.splitlines()[3:]] == [row[:3] for row in rows[2:]]
 
 
 def test_the_t_quantile_matches_the_tables():
