@@ -412,6 +412,40 @@ def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_int
     assert [row.split()[:3] for row in lost.splitlines()[3:]] == [row[:3] for row in rows[2:]]
 
 
+def test_the_falls_analysis_names_each_run_that_fell_to_chance_and_weighs_a_methods_falls(monkeypatch, tmp_path):
+    """Eight runs of one network: a baseline at chance in its first epoch (not a fall: it had not learned), method x's
+    seed 1 at chance in epochs 3-4 and learning again, seed 2 from epoch 4 to its end. Two falls of the network's two
+    on x's four of eight runs: Fisher's one-sided p is C(6,2) / C(8,4) = 15/70."""
+    accs = {("baseline", 0): [10.5, 40, 50, 55, 60], ("x", 1): [30, 40, 10, 11, 50], ("x", 2): [30, 40, 50, 10, 10]}
+    for method in ("baseline", "x"):
+        for seed in range(4):
+            curve = accs.get((method, seed), [30, 40, 50, 55, 60])
+            history = [{"epoch": e, "test_acc": a, "train_loss": 2.0 + (a <= 11) * e} for e, a in enumerate(curve, 1)]
+            metrics = {"final_acc": curve[-1], "best_acc": max(curve), "best3_acc": max(curve), "epochs": 5,
+                       "train_time_s": 1.0, "total_trained_samples": 100.0}  # fmt: skip
+            config = {"study": "dfp", "dataset": "cifar10", "model": "lenet", "method": method, "seed": seed}
+            write_run(tmp_path, "dfp", f"cifar10-lenet-{method}-s{seed}", history, metrics, config)
+    result = benchmark_here(monkeypatch, "falls", "--ledger", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "dfp/cifar10/lenet: 8 runs, 2 fell to chance (a test accuracy at most 11%)"
+    assert lines[2].split() == ["baseline", "4", "0", "0"]
+    assert lines[3].split() == ["x", "4", "2", "1", f"{15 / 70:.3g}"]
+    assert lines[4] == ("  - x seed 1: at chance in epochs 3-4 (2 of 5), learning again from epoch 5; training loss at "
+                        "most 6 (epoch 4); final 50.00%")  # fmt: skip
+    assert lines[5].startswith("  - x seed 2: at chance in epochs 4-5 (2 of 5), never learning again;")
+    assert benchmark_here(monkeypatch, "falls", "dfp/cifar10/lenet", "--ledger", str(tmp_path)).stdout == result.stdout
+    for args, said in (
+        (["dfp/cifar10"], "expected study/dataset/model"),
+        (["dfp/cifar10/alexnet"], "dfp/cifar10/alexnet: no entries in"),
+    ):
+        failed = benchmark_here(monkeypatch, "falls", *args, "--ledger", str(tmp_path))
+        assert failed.returncode == 2 and said in failed.stderr, (args, failed.stderr)
+    falls = load_benchmark("falls")
+    assert falls.fisher_p(2, 4, 2, 8) == pytest.approx(15 / 70)
+    assert falls.fisher_p(1, 12, 1, 36) == pytest.approx(1 / 3) and falls.fisher_p(0, 4, 2, 8) == 1.0
+
+
 def test_the_t_quantile_matches_the_tables():
     """Student's t for the Bonferroni interval, against printed tables (two-sided 95%, 99%; 97.5% with 4 df)."""
     looks = load_benchmark("looks")

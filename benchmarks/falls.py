@@ -1,0 +1,105 @@
+"""Analysis: which runs of the results ledger fell to chance accuracy while training, and whether one method's runs
+fall more often than the others' on the same network.
+
+    python benchmarks/falls.py [STUDY/DATASET/MODEL] [--ledger DIR]
+
+A run falls when its test accuracy, having been above chance, drops to chance (at most CHANCE_MARGIN points above
+100 / classes, `cheaptrain.aggregate.collapsed`'s line): its network stopped learning, as AlexNet without BatchNorm can
+at lr 0.1 after a loss spike. Some learn again (the lr drops, a unit comes back); one still at chance at its last
+epoch ended at chance, and the report leaves it out of every figure and names it. Per network (every one in the
+ledger, or the one named), per method: its runs, how many fell, how many ended at chance, and for a method with falls
+the one-sided Fisher exact p: the chance that at least that many of the network's falls would land on the method's
+runs were the falls spread over all the network's runs (every method, one study's recipe) at random. The method is
+looked at because it fell, so the p describes the ledger, not a test planned beforehand. Then each fall: its epochs
+at chance, whether and when the run learned again, its highest training loss and its final accuracy. No training:
+seconds.
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cheaptrain import UserError
+from cheaptrain.aggregate import CHANCE_MARGIN, Run, collapsed, ledger_runs
+from cheaptrain.cli import run_command
+from cheaptrain.config import DATASETS
+from cheaptrain.ledger import ledger_root
+
+
+def chance_spells(run: Run) -> list[tuple[int, int]]:
+    """The run's spells at chance after it had learned: (first epoch, last epoch) of each run of epochs whose test
+    accuracy is at most 100 / classes + CHANCE_MARGIN, once an earlier epoch was above that line."""
+    line = 100 / DATASETS[run.dataset] + CHANCE_MARGIN
+    spells: list[tuple[int, int]] = []
+    learned = False
+    for row in run.history:
+        epoch, at_chance = int(row["epoch"]), row["test_acc"] <= line
+        if not at_chance:
+            learned = True
+        elif learned:
+            if spells and spells[-1][1] == epoch - 1:
+                spells[-1] = (spells[-1][0], epoch)
+            else:
+                spells.append((epoch, epoch))
+    return spells
+
+
+def fisher_p(falls: int, runs: int, network_falls: int, network_runs: int) -> float:
+    """P(X >= falls), X hypergeometric: `runs` drawn from `network_runs` of which `network_falls` fell."""
+    total = math.comb(network_runs, runs)
+    top = min(runs, network_falls)
+    ways = sum(
+        math.comb(network_falls, k) * math.comb(network_runs - network_falls, runs - k) for k in range(falls, top + 1)
+    )
+    return ways / total
+
+
+def spell_text(run: Run, spells: list[tuple[int, int]]) -> str:
+    last_epoch = int(run.history[-1]["epoch"])
+    parts = [f"{a}-{b}" if a != b else f"{a}" for a, b in spells]
+    at = sum(b - a + 1 for a, b in spells)
+    again = "never learning again" if spells[-1][1] == last_epoch else f"learning again from epoch {spells[-1][1] + 1}"
+    losses = [(row["train_loss"], int(row["epoch"])) for row in run.history if "train_loss" in row]
+    peak = f"; training loss at most {max(losses)[0]:.4g} (epoch {max(losses)[1]})" if losses else ""
+    return (f"{run.method} seed {run.seed}: at chance in epochs {', '.join(parts)} ({at} of {last_epoch}), {again}"
+            f"{peak}; final {run.metrics['final_acc']:.2f}%")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("network", nargs="?", help="STUDY/DATASET/MODEL (default: every network in the ledger)")
+    parser.add_argument("--ledger", type=Path, default=None, help="the results ledger (default: ledger/)")
+    args = parser.parse_args()
+    root = args.ledger or ledger_root()
+    if not root.is_dir():
+        raise UserError(f"{root}: no results ledger there")
+    if args.network is not None and len(args.network.split("/")) != 3:
+        raise UserError(f"{args.network}: expected study/dataset/model")
+    networks: dict[str, list[Run]] = {}
+    for run in ledger_runs(root):
+        networks.setdefault(f"{run.study}/{run.dataset}/{run.model}", []).append(run)
+    if args.network is not None:
+        if args.network not in networks:
+            raise UserError(f"{args.network}: no entries in {root}; its networks: {', '.join(sorted(networks))}")
+        networks = {args.network: networks[args.network]}
+    for network, runs in sorted(networks.items()):
+        spells = {id(run): chance_spells(run) for run in runs}
+        fell = [run for run in runs if spells[id(run)]]
+        line = 100 / DATASETS[runs[0].dataset] + CHANCE_MARGIN
+        print(f"{network}: {len(runs)} runs, {len(fell)} fell to chance (a test accuracy at most {line:g}%)")
+        print(f"  {'method':<16}{'runs':>5}{'fell':>6}{'ended at chance':>17}  p (falls spread at random)")
+        for method in sorted({run.method for run in runs}):
+            own = [run for run in runs if run.method == method]
+            falls = sum(1 for run in own if spells[id(run)])
+            ended = sum(1 for run in own if collapsed(run))
+            p = f"{fisher_p(falls, len(own), len(fell), len(runs)):.3g}" if falls else ""
+            print(f"  {method:<16}{len(own):>5}{falls:>6}{ended:>17}  {p}")
+        for run in sorted(fell, key=lambda r: (r.method, r.seed)):
+            print(f"  - {spell_text(run, spells[id(run)])}")
+
+
+if __name__ == "__main__":
+    run_command(main)
