@@ -23,16 +23,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError
-from cheaptrain.aggregate import CHANCE_MARGIN, Run, collapsed, ledger_runs
+from cheaptrain.aggregate import Run, chance_line, collapsed, ledger_runs
 from cheaptrain.cli import run_command
-from cheaptrain.config import DATASETS
 from cheaptrain.ledger import ledger_root
 
 
 def chance_spells(run: Run) -> list[tuple[int, int]]:
     """The run's spells at chance after it had learned: (first epoch, last epoch) of each run of epochs whose test
     accuracy is at most 100 / classes + CHANCE_MARGIN, once an earlier epoch was above that line."""
-    line = 100 / DATASETS[run.dataset] + CHANCE_MARGIN
+    line = chance_line(run.dataset)
     spells: list[tuple[int, int]] = []
     learned = False
     for row in run.history:
@@ -63,7 +62,7 @@ def spell_text(run: Run, spells: list[tuple[int, int]]) -> str:
     at = sum(b - a + 1 for a, b in spells)
     again = "never learning again" if spells[-1][1] == last_epoch else f"learning again from epoch {spells[-1][1] + 1}"
     losses = [(row["train_loss"], int(row["epoch"])) for row in run.history if "train_loss" in row]
-    peak = f"; training loss at most {max(losses)[0]:.4g} (epoch {max(losses)[1]})" if losses else ""
+    peak = "; training loss at most {:.4g} (epoch {})".format(*max(losses)) if losses else ""
     return (f"{run.method} seed {run.seed}: at chance in epochs {', '.join(parts)} ({at} of {last_epoch}), {again}"
             f"{peak}; final {run.metrics['final_acc']:.2f}%")  # fmt: skip
 
@@ -88,7 +87,7 @@ def main() -> None:
     for network, runs in sorted(networks.items()):
         spells = {id(run): chance_spells(run) for run in runs}
         fell = [run for run in runs if spells[id(run)]]
-        line = 100 / DATASETS[runs[0].dataset] + CHANCE_MARGIN
+        line = chance_line(runs[0].dataset)
         print(f"{network}: {len(runs)} runs, {len(fell)} fell to chance (a test accuracy at most {line:g}%)")
         print(f"  {'method':<16}{'runs':>5}{'fell':>6}{'ended at chance':>17}  p (falls spread at random)")
         for method in sorted({run.method for run in runs}):

@@ -280,8 +280,15 @@ def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
 def collapsed(run: Run) -> bool:
     """Whether the run ended at chance accuracy, within CHANCE_MARGIN points of 100 / classes: its network stopped
     learning (every unit dead after its loss diverged, say), which no figure of a method is compared with."""
-    classes = DATASETS.get(run.dataset)
-    return classes is not None and run.metrics["final_acc"] <= 100 / classes + CHANCE_MARGIN
+    line = chance_line(run.dataset)
+    return line is not None and run.metrics["final_acc"] <= line
+
+
+def chance_line(dataset: str) -> float | None:
+    """The accuracy (%) at or below which a run of `dataset` is at chance: 100 / classes + CHANCE_MARGIN; None for a
+    dataset of unknown classes."""
+    classes = DATASETS.get(dataset)
+    return None if classes is None else 100 / classes + CHANCE_MARGIN
 
 
 def seed_list(runs: list[Run]) -> str:
