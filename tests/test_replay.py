@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import runpy
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from cheaptrain.papers import PAPERS
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import train_run
 
-from conftest import small_config, synthetic_split
+from conftest import run_script, small_config, synthetic_split
 
 SMALL_PAPER = {"epochs": 2, "batch_size": 32, "lr": 0.05, "milestones": [2], "gamma": 0.1}  # small_config's
 # random pruning of 30% in epoch 1 (1 mod 2 >= 1), none in epoch 2
@@ -231,3 +232,53 @@ def test_an_entry_with_settings_this_code_lacks_is_a_clear_error(repo):
     run_json.write_text(json.dumps(info))
     with pytest.raises(UserError, match=r"run\.json has settings this code does not know: recipe\.warmup$"):
         replay.replay(ledger.read_entry(entry(repo, "baseline")))
+
+
+BRANCH = Path(__file__).resolve().parents[1] / "benchmarks" / "branch.py"
+
+
+@pytest.fixture
+def infobatch_entry(repo) -> Path:
+    """InfoBatch's 2 epochs in the ledger: epoch 1 trains every sample, epoch 2 leaves out and upweights some."""
+    cfg = small_config(epochs=2, study="dfp", method="infobatch")
+    args = {"prune_ratio": 0.5, "delta": 1.0}
+    train_run(dataclasses.replace(cfg, method_args=args, ledger="record", threads=1), track=False)
+    recorded = ledger.read_entry(entry(repo, "infobatch")).history[1]
+    assert recorded["pruned_samples"] > 0 and recorded["upweighted_samples"] > 0
+    return entry(repo, "infobatch")
+
+
+def test_a_branch_reproduces_the_entry_as_trained_and_each_arm_turns_off_its_hooks_alone(infobatch_entry):
+    """Branched after epoch 1, draw 0 as-trained is the entry's epoch 2 digit for digit, whichever branch trained
+    before it (a branch starts from the kept state, not the last branch's); unweighted trains the same samples to
+    another loss; method-off trains every sample; draw 1 trains others."""
+    branch = runpy.run_path(str(BRANCH))
+    entry_ = ledger.read_entry(infobatch_entry)
+    recorded = entry_.history[1]
+    # method-off first: as-trained after it must still start from the replayed state
+    b = branch["branch_entry"](entry_, 1, 1, 2, ["method-off", "as-trained", "unweighted"])
+    assert b.replayed is None and b.as_trained_again() is None
+    assert list(b.rows) == [(arm, d) for arm in ("method-off", "as-trained", "unweighted") for d in (0, 1)]
+    trained, unweighted, off = b.rows["as-trained", 0][0], b.rows["unweighted", 0][0], b.rows["method-off", 0][0]
+    assert trained["trained_samples"] == unweighted["trained_samples"] == recorded["trained_samples"] < 128
+    assert unweighted["train_loss"] != trained["train_loss"]
+    assert off["trained_samples"] == 128
+    other = b.rows["as-trained", 1][0]
+    assert other["trained_samples"] != trained["trained_samples"] or other["train_loss"] != trained["train_loss"]
+    assert branch["fell_in"]([{"epoch": 5, "test_acc": 40.0}, {"epoch": 6, "test_acc": 10.9}], 11.0) == 6
+    assert branch["fell_in"]([{"epoch": 5, "test_acc": None}], 11.0) == 5  # the loss stopped being finite
+    assert branch["fell_in"]([{"epoch": 5, "test_acc": 11.1}], 11.0) is None
+
+
+def test_the_branch_script_says_what_it_measured_and_refuses_epochs_the_entry_lacks(infobatch_entry):
+    done = run_script(BRANCH, str(infobatch_entry), "--after", "1", "--epochs", "1", "--draws", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("dfp/cifar10-lenet-infobatch-s7, branched after epoch 1: epochs 2-2, 1 draw(s) per arm")
+    assert "the replay to the branch: identical to the entry" in lines[0]
+    assert [line.split()[0] for line in lines[3:7]] == ["(entry)", "as-trained", "unweighted", "method-off"]
+    assert lines[-2] == "fell: as-trained: 0 of 1; unweighted: 0 of 1; method-off: 0 of 1"
+    assert lines[-1] == "as-trained, draw 0 against the entry: identical"
+    done = run_script(BRANCH, str(infobatch_entry), "--after", "2")
+    assert done.returncode == 2
+    assert "it records 2 epochs; branching after 2 for 2 needs 4" in done.stderr

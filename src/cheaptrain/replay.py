@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from cheaptrain.ledger import Entry, entries, read_entry
 from cheaptrain.methods import METHODS, create_method, implementation
 from cheaptrain.runner import run_code_version
 from cheaptrain.tracking import device_name, project_root
-from cheaptrain.trainer import prepare, run_epoch
+from cheaptrain.trainer import Training, prepare, run_epoch
 
 ACTS = ("pruned_samples", "phase")  # a method acted in an epoch where one is above 0: DFP pruned, WUS skipped
 ARCHIVES = {"cifar10": "../shared/datasets/cifar10-jpg.tar.gz"}  # the JPEG archive the ledger's entries trained on
@@ -123,9 +125,9 @@ def first_difference(recorded: list[dict[str, float]], replayed: list[dict[str, 
     return None
 
 
-def replay(entry: Entry, epochs: int | None = None) -> Replay:
-    """Train the entry's first `epochs` epochs (default_epochs) with this checkout's code and compare them with its
-    history."""
+def checked(entry: Entry, epochs: int) -> tuple[RunConfig, str, Path, list[str]]:
+    """What replaying the entry's first `epochs` epochs here needs: its configuration, this checkout's code version
+    of it and the prepared data, with the caveats of this machine; a UserError where it cannot be replayed."""
     cfg = entry_config(entry)
     code = code_now(entry, cfg)
     if gpu := gpu_device(entry):
@@ -158,19 +160,38 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
         caveats.append(f"recorded on {threads} threads, replayed on {threads[0]}")
     if (version := entry.info.get("torch_version")) != torch.__version__:
         caveats.append(f"recorded with torch {version}, replayed with {torch.__version__}: it may compute differently")
-    epochs = min(epochs or default_epochs(entry.history), len(entry.history))
     for machine in (entry.info.get("machines") or [])[1:]:  # resumed on another machine, within the epochs replayed
         if machine.get("from_epoch", epochs + 1) <= epochs:
             caveats.append(f"epochs from {machine['from_epoch']} trained on {machine.get('device')} with "
                            f"{machine.get('cpu_capability')} kernels: they may round differently")  # fmt: skip
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(int(cfg.threads))
+    return cfg, code, data_dir, caveats
+
+
+@contextmanager
+def cpu_threads(count: int) -> Iterator[None]:
+    """Train on `count` CPU threads, as the entry did; the process's count is set back after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
     try:
-        method = create_method(cfg.method, cfg.method_args)
-        t = prepare(cfg, load_split(data_dir, "train"), load_split(data_dir, "test"), method)
-        history = [run_epoch(t, epoch) for epoch in range(1, epochs + 1)]
+        yield
     finally:
-        torch.set_num_threads(previous_threads)
+        torch.set_num_threads(previous)
+
+
+def training(cfg: RunConfig, data_dir: Path) -> Training:
+    """The entry's run set up as its first epoch found it: seeded, its method fresh, nothing trained."""
+    method = create_method(cfg.method, cfg.method_args)
+    return prepare(cfg, load_split(data_dir, "train"), load_split(data_dir, "test"), method)
+
+
+def replay(entry: Entry, epochs: int | None = None) -> Replay:
+    """Train the entry's first `epochs` epochs (default_epochs) with this checkout's code and compare them with its
+    history."""
+    epochs = min(epochs or default_epochs(entry.history), len(entry.history))
+    cfg, code, data_dir, caveats = checked(entry, epochs)
+    with cpu_threads(int(cfg.threads)):
+        t = training(cfg, data_dir)
+        history = [run_epoch(t, epoch) for epoch in range(1, epochs + 1)]
     difference = first_difference(entry.history[:epochs], history)
     return Replay(entry, epochs, code, caveats, difference)
 
