@@ -118,12 +118,13 @@ def branch_entry(entry: Entry, after: int, epochs: int, draws: int, arms: list[s
     span = range(after + 1, after + epochs + 1)
     with cpu_threads(int(cfg.threads)):
         t = training(cfg, data_dir)
-        history = [
-            run_epoch(t, epoch) for epoch in tqdm(range(1, after + 1), desc="replaying", unit="epoch", disable=None)
-        ]
+        replaying = tqdm(range(1, after + 1), desc="replaying", unit="epoch", disable=False)  # in logs too: slow
+        history = [run_epoch(t, epoch) for epoch in replaying]
         state = copy.deepcopy(checkpoint_state(t, history))  # the live tensors change as the branches train
         chosen = [(arm, draw) for arm in arms for draw in range(draws)]
-        rows = {key: branch(t, state, *key, span) for key in tqdm(chosen, desc="branches", unit="branch", disable=None)}
+        rows = {
+            key: branch(t, state, *key, span) for key in tqdm(chosen, desc="branches", unit="branch", disable=False)
+        }
     replayed = first_difference(entry.history[:after], history)
     return Branched(entry, after, span, int(cfg.threads), caveats, chance_line(cfg.dataset), replayed, rows)
 
