@@ -20,7 +20,8 @@ arm's outcome is the state's or one draw's. A branch falls when its test accurac
 Per arm: how many draws fell, and per branch each epoch's training loss and test accuracy. Each branch costs EPOCHS
 of the run's epochs (AlexNet: about 45 s each on one thread of this CPU); nothing is written. It exits with status 1
 when the replay or draw 0 as-trained does not reproduce the entry, whose record then is not the state branched from.
-The arms act on the hooks of methods that choose samples or weigh losses (DFP, random pruning, InfoBatch).
+The arms act on the hooks of methods that choose samples or weigh losses (DFP, random pruning, InfoBatch); `method-off`
+is refused for WUS, whose `on_epoch_start` sets which parameters train.
 """
 
 import argparse
@@ -114,6 +115,11 @@ def branch_entry(entry: Entry, after: int, epochs: int, draws: int, arms: list[s
     if after + epochs > len(entry.history):
         raise UserError(f"{entry.path}: it records {len(entry.history)} epochs; branching after {after} for {epochs} "
                         f"needs {after + epochs}, so that draw 0 as-trained can be checked against it")  # fmt: skip
+    if "method-off" in arms and "phase" in entry.history[0]:
+        raise UserError(
+            f"{entry.path}: its method freezes parameters by phase (WUS), which its on_epoch_start sets; method-off "
+            "would train with whatever the last branch left frozen: leave that arm out"
+        )
     cfg, _, data_dir, caveats = checked(entry, after + epochs)
     span = range(after + 1, after + epochs + 1)
     with cpu_threads(int(cfg.threads)):

@@ -1,5 +1,5 @@
 """Replaying a ledger entry: the code that trained it reproduces its epochs exactly; changed training code, other
-data or another code version are found and named."""
+data or another code version are found and named; a branch from a replayed state (benchmarks/branch.py)."""
 
 from __future__ import annotations
 
@@ -270,7 +270,9 @@ def test_a_branch_reproduces_the_entry_as_trained_and_each_arm_turns_off_its_hoo
     assert branch["fell_in"]([{"epoch": 5, "test_acc": 11.1}], 11.0) is None
 
 
-def test_the_branch_script_says_what_it_measured_and_refuses_epochs_the_entry_lacks(infobatch_entry):
+def test_the_branch_script_says_what_it_measured_and_refuses_epochs_it_cannot_check_and_method_off_for_wus(
+    infobatch_entry,
+):
     done = run_script(BRANCH, str(infobatch_entry), "--after", "1", "--epochs", "1", "--draws", "1")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -282,3 +284,9 @@ def test_the_branch_script_says_what_it_measured_and_refuses_epochs_the_entry_la
     done = run_script(BRANCH, str(infobatch_entry), "--after", "2")
     assert done.returncode == 2
     assert "it records 2 epochs; branching after 2 for 2 needs 4" in done.stderr
+    history = infobatch_entry / "history.csv"
+    lines = history.read_text().splitlines()  # a WUS entry's history: a phase column
+    history.write_text("\n".join([lines[0] + ",phase", *(line + ",0" for line in lines[1:])]) + "\n")
+    done = run_script(BRANCH, str(infobatch_entry), "--after", "1", "--epochs", "1", "--arms", "method-off")
+    assert done.returncode == 2
+    assert "its method freezes parameters by phase (WUS)" in done.stderr
