@@ -40,7 +40,7 @@ from cheaptrain import UserError, positive_int
 from cheaptrain.aggregate import chance_line
 from cheaptrain.cli import run_command
 from cheaptrain.ledger import Entry, read_entry
-from cheaptrain.replay import checked, cpu_threads, first_difference, training
+from cheaptrain.replay import checked, first_difference, torch_threads, training
 from cheaptrain.trainer import Training, TrainingDiverged, checkpoint_state, restore, run_epoch
 
 # per arm, the method's hooks it turns off and what they return instead
@@ -98,6 +98,7 @@ class Branched:
     entry: Entry
     after: int
     epochs: range
+    draws: int
     threads: int
     caveats: list[str]
     chance: float
@@ -105,6 +106,9 @@ class Branched:
     rows: dict[tuple[str, int], list[dict[str, Any]]]
 
     def as_trained_again(self) -> str | None:
+        """Where draw 0 as-trained first differs from the entry; None where identical or not branched."""
+        if ("as-trained", 0) not in self.rows:
+            return None
         recorded = self.entry.history[self.epochs.start - 1 : self.epochs.stop - 1]
         return first_difference(recorded, self.rows["as-trained", 0])
 
@@ -122,7 +126,7 @@ def branch_entry(entry: Entry, after: int, epochs: int, draws: int, arms: list[s
         )
     cfg, _, data_dir, caveats = checked(entry, after + epochs)
     span = range(after + 1, after + epochs + 1)
-    with cpu_threads(int(cfg.threads)):
+    with torch_threads(int(cfg.threads)):
         t = training(cfg, data_dir)
         replaying = tqdm(range(1, after + 1), desc="replaying", unit="epoch", disable=False)  # in logs too: slow
         history = [run_epoch(t, epoch) for epoch in replaying]
@@ -132,15 +136,15 @@ def branch_entry(entry: Entry, after: int, epochs: int, draws: int, arms: list[s
             key: branch(t, state, *key, span) for key in tqdm(chosen, desc="branches", unit="branch", disable=False)
         }
     replayed = first_difference(entry.history[:after], history)
-    return Branched(entry, after, span, int(cfg.threads), caveats, chance_line(cfg.dataset), replayed, rows)
+    return Branched(entry, after, span, draws, int(cfg.threads), caveats, chance_line(cfg.dataset), replayed, rows)
 
 
-def report(b: Branched, draws: int) -> list[str]:
+def report(b: Branched) -> list[str]:
     """The header saying what was measured, a row per branch under the entry's own, the falls per arm."""
     first, last = b.epochs.start, b.epochs.stop - 1
     replayed = "identical to the entry" if b.replayed is None else f"DIFFERS: {b.replayed}"
     lines = [
-        f"{b.entry.study}/{b.entry.name}, branched after epoch {b.after}: epochs {first}-{last}, {draws} draw(s) per "
+        f"{b.entry.study}/{b.entry.name}, branched after epoch {b.after}: epochs {first}-{last}, {b.draws} draw(s) per "
         f"arm, on {b.threads} CPU thread(s); the replay to the branch: {replayed}"
         + "".join(f"; {c}" for c in b.caveats),
         f"each epoch: training loss / test accuracy %; fell: at chance (test accuracy <= {b.chance:g}%) or a loss "
@@ -155,7 +159,7 @@ def report(b: Branched, draws: int) -> list[str]:
         falls[arm] = falls.get(arm, 0) + (fell is not None)
         lines.append(f"{arm:<11} {draw:>4}  " + "".join(f"{cell(by_epoch.get(e)):<22}" for e in b.epochs)
                      + ("no" if fell is None else f"in epoch {fell}"))  # fmt: skip
-    lines.append("fell: " + "; ".join(f"{arm}: {n} of {draws}" for arm, n in falls.items()))
+    lines.append("fell: " + "; ".join(f"{arm}: {n} of {b.draws}" for arm, n in falls.items()))
     if ("as-trained", 0) in b.rows:
         again = b.as_trained_again()
         lines.append(f"as-trained, draw 0 against the entry: {'identical' if again is None else 'DIFFERS: ' + again}")
@@ -176,8 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     arms = list(dict.fromkeys(args.arms))  # each once, in the order given
     branched = branch_entry(read_entry(args.entry), args.after, args.epochs, args.draws, arms)
-    print("\n".join(report(branched, args.draws)))
-    if branched.replayed is not None or (("as-trained", 0) in branched.rows and branched.as_trained_again()):
+    print("\n".join(report(branched)))
+    if branched.replayed is not None or branched.as_trained_again() is not None:
         sys.exit(1)
 
 

@@ -290,3 +290,18 @@ def test_the_branch_script_says_what_it_measured_and_refuses_epochs_it_cannot_ch
     done = run_script(BRANCH, str(infobatch_entry), "--after", "1", "--epochs", "1", "--arms", "method-off")
     assert done.returncode == 2
     assert "its method freezes parameters by phase (WUS)" in done.stderr
+
+
+def test_a_branch_whose_replay_does_not_reproduce_the_entry_says_so_and_exits_1(infobatch_entry, monkeypatch):
+    """Label smoothing slipped into the loss: the state branched from is not the entry's, and the script says where."""
+    cross_entropy = torch.nn.functional.cross_entropy
+    monkeypatch.setattr(
+        "cheaptrain.trainer.F.cross_entropy", lambda *a, **k: cross_entropy(*a, **k, label_smoothing=0.1)
+    )
+    done = run_script(
+        BRANCH, str(infobatch_entry), "--after", "1", "--epochs", "1", "--draws", "1", "--arms", "as-trained"
+    )
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert "the replay to the branch: DIFFERS: epoch 1, train_loss: recorded" in lines[0]
+    assert lines[-1].startswith("as-trained, draw 0 against the entry: DIFFERS: epoch 2, train_loss: recorded")

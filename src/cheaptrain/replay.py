@@ -168,7 +168,7 @@ def checked(entry: Entry, epochs: int) -> tuple[RunConfig, str, Path, list[str]]
 
 
 @contextmanager
-def cpu_threads(count: int) -> Iterator[None]:
+def torch_threads(count: int) -> Iterator[None]:
     """Train on `count` CPU threads, as the entry did; the process's count is set back after."""
     previous = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -189,7 +189,7 @@ def replay(entry: Entry, epochs: int | None = None) -> Replay:
     history."""
     epochs = min(epochs or default_epochs(entry.history), len(entry.history))
     cfg, code, data_dir, caveats = checked(entry, epochs)
-    with cpu_threads(int(cfg.threads)):
+    with torch_threads(int(cfg.threads)):
         t = training(cfg, data_dir)
         history = [run_epoch(t, epoch) for epoch in range(1, epochs + 1)]
     difference = first_difference(entry.history[:epochs], history)
