@@ -100,6 +100,7 @@ METHOD_KNOBS = {  # a pruning epoch (epoch 1) within 2 epochs; WUS cannot skip b
     "wus": dict(std_window=2),
     "wus_lr": dict(std_window=2),
     "infobatch": dict(delta=1.0),  # epoch 1 has no candidate (equal scores); epoch 2 prunes, weighted
+    "infobatch_unweighted": dict(delta=1.0),
 }
 # (train.compile, train.amp) of the throughput table; the last on CUDA only (on a CPU it is the compiled bf16 row)
 THROUGHPUT_SETTINGS = ((False, "off"), (False, "bf16"), (True, "off"), (True, "bf16"), ("reduce-overhead", "bf16"))

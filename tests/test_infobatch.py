@@ -10,6 +10,7 @@ from cheaptrain import ConfigError
 from cheaptrain.config import Recipe, RunConfig
 from cheaptrain.methods import Method, RunContext, create_method
 from cheaptrain.methods.infobatch import InfoBatch
+from cheaptrain.methods.infobatch_unweighted import InfoBatchUnweighted
 from cheaptrain.trainer import fit
 
 from conftest import synthetic_split
@@ -264,3 +265,35 @@ def test_the_loss_weights_hook_leaves_unweighted_training_as_the_baseline_trains
     baseline_first, baseline_params = trained(Method(), epochs=1)
     assert {k: v for k, v in first[0].items() if k in baseline_first[0]} == baseline_first[0]
     assert all(torch.equal(a, b) for a, b in zip(first_params, baseline_params, strict=True))
+
+
+# --- the ablation without rescaling (infobatch_unweighted) ---------------------------------------------------------
+
+
+def test_without_rescaling_the_same_samples_are_left_out_and_none_is_weighted():
+    weighted, unweighted = ready(prune_ratio=0.3), ready(name="infobatch_unweighted", prune_ratio=0.3)
+    assert type(unweighted) is InfoBatchUnweighted and isinstance(unweighted, InfoBatch)
+    for method in (weighted, unweighted):
+        low_and_high(method, 600)
+    for epoch in (2, 3):  # the same generator: the same draw, epoch after epoch
+        assert torch.equal(weighted.on_epoch_start(epoch, 0.1), unweighted.on_epoch_start(epoch, 0.1))
+        assert weighted.loss_weights(torch.arange(10)) is not None
+        assert unweighted.loss_weights(torch.arange(10)) is None
+        metrics = unweighted.epoch_metrics()
+        assert (metrics["candidates"], metrics["pruned_samples"], metrics["upweighted_samples"]) == (600, 180, 0)
+        assert weighted.epoch_metrics()["upweighted_samples"] == 420
+
+
+def test_without_rescaling_a_run_trains_infobatchs_first_selection_to_the_plain_mean_loss():
+    section = {"method": "infobatch_unweighted"} | config().method_args  # a named configuration, as params.yaml's
+    unweighted = create_method("infobatch_r24_unweighted", section)
+    assert type(unweighted) is InfoBatchUnweighted and unweighted.name == "infobatch_r24_unweighted"
+    weighted_history, _ = trained(create_method("infobatch", config().method_args), epochs=3)
+    history, _ = trained(unweighted, epochs=3)
+    assert history[0] | {"upweighted_samples": 0} == weighted_history[0]  # epoch 1: no candidate, the same epoch
+    assert history[0]["upweighted_samples"] == 0
+    # epoch 2: the same scores, the same draw, hence the same samples; the losses not weighted, so another loss
+    same = ("candidates", "pruned_samples", "trained_samples")
+    assert {k: history[1][k] for k in same} == {k: weighted_history[1][k] for k in same}
+    assert history[1]["pruned_samples"] > 0 and weighted_history[1]["upweighted_samples"] > 0
+    assert history[1]["upweighted_samples"] == 0 and history[1]["train_loss"] != weighted_history[1]["train_loss"]
