@@ -1,7 +1,7 @@
 """Analysis: which runs of the results ledger fell to chance accuracy while training, and whether one method's runs
 fall more often than the others' on the same network.
 
-    python benchmarks/falls.py [STUDY/DATASET/MODEL] [--ledger DIR]
+    python benchmarks/falls.py [STUDY/DATASET/MODEL] [--compare METHOD OTHER] [--ledger DIR]
 
 A run falls when its test accuracy, having been above chance, drops to chance (at most CHANCE_MARGIN points above
 100 / classes, `cheaptrain.aggregate.collapsed`'s line): its network stopped learning, as AlexNet without BatchNorm can
@@ -11,7 +11,9 @@ ledger, or the one named), per method: its runs, how many fell, how many ended a
 the one-sided Fisher exact p: the chance that at least that many of the network's falls would land on the method's
 runs were the falls spread over all the network's runs (every method, one study's recipe) at random. The method is
 looked at because it fell, so the p describes the ledger, not a test planned beforehand. Then each fall: its epochs
-at chance, whether and when the run learned again, its highest training loss and its final accuracy. No training:
+at chance, whether and when the run learned again, its highest training loss and its final accuracy.
+`--compare METHOD OTHER` (with a network) adds the test of a comparison planned before its runs: the one-sided
+Fisher exact p that METHOD's runs fall more often than OTHER's, the network's other runs left aside. No training:
 seconds.
 """
 
@@ -70,8 +72,12 @@ def spell_text(run: Run, spells: list[tuple[int, int]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("network", nargs="?", help="STUDY/DATASET/MODEL (default: every network in the ledger)")
+    parser.add_argument("--compare", nargs=2, metavar=("METHOD", "OTHER"),
+                        help="with a network: the p that METHOD's runs fall more often than OTHER's")  # fmt: skip
     parser.add_argument("--ledger", type=Path, default=None, help="the results ledger (default: ledger/)")
     args = parser.parse_args()
+    if args.compare and args.network is None:
+        raise UserError("--compare: name the network too (STUDY/DATASET/MODEL)")
     root = args.ledger or ledger_root()
     if not root.is_dir():
         raise UserError(f"{root}: no results ledger there")
@@ -84,20 +90,33 @@ def main() -> None:
         if args.network not in networks:
             raise UserError(f"{args.network}: no entries in {root}; its networks: {', '.join(sorted(networks))}")
         networks = {args.network: networks[args.network]}
+        missing = [m for m in args.compare or () if m not in {run.method for run in networks[args.network]}]
+        if missing:
+            raise UserError(f"--compare: {args.network} has no {' or '.join(missing)} entries")
     for network, runs in sorted(networks.items()):
         spells = {id(run): chance_spells(run) for run in runs}
         fell = [run for run in runs if spells[id(run)]]
         line = chance_line(runs[0].dataset)
         print(f"{network}: {len(runs)} runs, {len(fell)} fell to chance (a test accuracy at most {line:g}%)")
-        print(f"  {'method':<16}{'runs':>5}{'fell':>6}{'ended at chance':>17}  p (falls spread at random)")
-        for method in sorted({run.method for run in runs}):
+        methods = sorted({run.method for run in runs})
+        width = max(16, *(len(m) + 2 for m in methods))
+        print(f"  {'method':<{width}}{'runs':>5}{'fell':>6}{'ended at chance':>17}  p (falls spread at random)")
+        counts = {}  # method -> (runs, falls)
+        for method in methods:
             own = [run for run in runs if run.method == method]
             falls = sum(1 for run in own if spells[id(run)])
+            counts[method] = (len(own), falls)
             ended = sum(1 for run in own if collapsed(run))
             p = f"{fisher_p(falls, len(own), len(fell), len(runs)):.3g}" if falls else ""
-            print(f"  {method:<16}{len(own):>5}{falls:>6}{ended:>17}  {p}")
+            print(f"  {method:<{width}}{len(own):>5}{falls:>6}{ended:>17}  {p}")
         for run in sorted(fell, key=lambda r: (r.method, r.seed)):
             print(f"  - {spell_text(run, spells[id(run)])}")
+        if args.compare:
+            (n, a), (m, b) = counts[args.compare[0]], counts[args.compare[1]]
+            p = fisher_p(a, n, a + b, n + m)
+            verdict = "under 0.05: a finding" if p < 0.05 else "not under 0.05: not a finding"
+            print(f"planned comparison: {args.compare[0]} fell in {a} of {n} runs, {args.compare[1]} in {b} of {m}; "
+                  f"one-sided Fisher exact p that the first falls more often {p:.3g} ({verdict})")  # fmt: skip
 
 
 if __name__ == "__main__":

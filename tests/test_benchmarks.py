@@ -435,15 +435,29 @@ def test_the_falls_analysis_names_each_run_that_fell_to_chance_and_weighs_a_meth
                         "most 6 (epoch 4); final 50.00%")  # fmt: skip
     assert lines[5].startswith("  - x seed 2: at chance in epochs 4-5 (2 of 5), never learning again;")
     assert benchmark_here(monkeypatch, "falls", "dfp/cifar10/lenet", "--ledger", str(tmp_path)).stdout == result.stdout
+    # the planned comparison: x's 2 falls in 4 runs against the baseline's none in 4, the p above (15/70)
+    compared = benchmark_here(monkeypatch, "falls", "dfp/cifar10/lenet", "--compare", "x", "baseline", "--ledger",
+                              str(tmp_path)).stdout  # fmt: skip
+    assert compared.splitlines()[:-1] == lines
+    assert compared.splitlines()[-1] == (
+        "planned comparison: x fell in 2 of 4 runs, baseline in 0 of 4; one-sided Fisher exact p that the first falls "
+        f"more often {15 / 70:.3g} (not under 0.05: not a finding)"
+    )
+    reverse = benchmark_here(monkeypatch, "falls", "dfp/cifar10/lenet", "--compare", "baseline", "x", "--ledger",
+                             str(tmp_path)).stdout  # fmt: skip
+    assert reverse.splitlines()[-1].endswith("p that the first falls more often 1 (not under 0.05: not a finding)")
     for args, said in (
         (["dfp/cifar10"], "expected study/dataset/model"),
         (["dfp/cifar10/alexnet"], "dfp/cifar10/alexnet: no entries in"),
+        (["--compare", "x", "baseline"], "--compare: name the network too"),
+        (["dfp/cifar10/lenet", "--compare", "x", "dfp"], "--compare: dfp/cifar10/lenet has no dfp entries"),
     ):
         failed = benchmark_here(monkeypatch, "falls", *args, "--ledger", str(tmp_path))
         assert failed.returncode == 2 and said in failed.stderr, (args, failed.stderr)
     falls = load_benchmark("falls")
     assert falls.fisher_p(2, 4, 2, 8) == pytest.approx(15 / 70)
     assert falls.fisher_p(1, 12, 1, 36) == pytest.approx(1 / 3) and falls.fisher_p(0, 4, 2, 8) == 1.0
+    assert falls.fisher_p(4, 8, 4, 16) == pytest.approx(70 / 1820)  # docs/measured.md's planned threshold: 4 against 0
 
 
 def test_the_t_quantile_matches_the_tables():
