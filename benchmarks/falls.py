@@ -78,6 +78,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.compare and args.network is None:
         raise UserError("--compare: name the network too (STUDY/DATASET/MODEL)")
+    if args.compare and args.compare[0] == args.compare[1]:
+        raise UserError(f"--compare: two methods, not {args.compare[0]} twice")
     root = args.ledger or ledger_root()
     if not root.is_dir():
         raise UserError(f"{root}: no results ledger there")
@@ -101,7 +103,7 @@ def main() -> None:
         methods = sorted({run.method for run in runs})
         width = max(16, *(len(m) + 2 for m in methods))
         print(f"  {'method':<{width}}{'runs':>5}{'fell':>6}{'ended at chance':>17}  p (falls spread at random)")
-        counts = {}  # method -> (runs, falls)
+        counts: dict[str, tuple[int, int]] = {}  # method -> (runs, falls)
         for method in methods:
             own = [run for run in runs if run.method == method]
             falls = sum(1 for run in own if spells[id(run)])

@@ -451,6 +451,7 @@ def test_the_falls_analysis_names_each_run_that_fell_to_chance_and_weighs_a_meth
         (["dfp/cifar10/alexnet"], "dfp/cifar10/alexnet: no entries in"),
         (["--compare", "x", "baseline"], "--compare: name the network too"),
         (["dfp/cifar10/lenet", "--compare", "x", "dfp"], "--compare: dfp/cifar10/lenet has no dfp entries"),
+        (["dfp/cifar10/lenet", "--compare", "x", "x"], "--compare: two methods, not x twice"),
     ):
         failed = benchmark_here(monkeypatch, "falls", *args, "--ledger", str(tmp_path))
         assert failed.returncode == 2 and said in failed.stderr, (args, failed.stderr)
