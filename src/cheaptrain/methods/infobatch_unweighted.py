@@ -1,7 +1,7 @@
 """InfoBatch without its expectation rescaling: the same candidates, draws and annealing, every loss weighing 1.
 
-An ablation, as the InfoBatch paper ablates its operations (soft pruning, expectation rescaling, annealing): this
-keeps soft pruning and annealing and drops the rescaling. It asks whether what InfoBatch does to a run comes from
+An ablation of one of InfoBatch's three operations (soft pruning, expectation rescaling, annealing): this keeps
+soft pruning and annealing and drops the rescaling. It asks whether what InfoBatch does to a run comes from
 the samples it leaves out or from the 1 / keep_ratio weight on the kept candidates (docs/measured.md, InfoBatch on
 AlexNet). Every rule but the weights is InfoBatch's, inherited: with the same seed the two leave out the same samples
 in epoch 2, and differ from then on only as their losses, hence their scores, differ.
