@@ -17,7 +17,7 @@ from cheaptrain.report.cells import NOT_IN_PAPER, within_noise
 from cheaptrain.report.equal_cost import TIME_SAVED, cost_points, implementation_of, panel
 
 COLORS = {"baseline": "0.25", "dfp": "tab:blue", "random_prune": "tab:orange", "wus": "tab:green", "wus_lr": "tab:red",
-          "infobatch": "tab:purple"}  # fmt: skip
+          "infobatch": "tab:purple", "infobatch_unweighted": "tab:pink"}  # fmt: skip
 FIGURES = (
     "test_acc.png", "acc_vs_time.png", "pruned_samples.png", "wus_phases.png", "time_saving.png", "acc_vs_cost.png",
 )  # fmt: skip
