@@ -24,29 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int
-from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, ledger_runs
+from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, ledger_runs, t_quantile
 from cheaptrain.cli import run_command
 from cheaptrain.ledger import ledger_root
 from cheaptrain.report.equal_cost import Paired
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile for upper-tail probability `p` (0 < p < 0.5): the CDF integrated by Simpson's rule,
-    inverted by bisection; scipy's to 1e-9 for df >= 2."""
-    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def upper_tail(x: float, steps: int = 2000) -> float:  # P(T > x) = 0.5 - ∫_0^x pdf
-        h = x / steps
-        pdf = [scale * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
-        return 0.5 - h / 3 * (pdf[0] + pdf[-1] + 4 * sum(pdf[1:-1:2]) + 2 * sum(pdf[2:-1:2]))
-
-    low, high = 0.0, 1.0
-    while upper_tail(high) > p:
-        low, high = high, 2 * high
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if upper_tail(mid) > p else (low, mid)
-    return (low + high) / 2
 
 
 def interval(differences: list[float], level: float = 0.95) -> tuple[float, float]:

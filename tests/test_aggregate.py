@@ -32,7 +32,7 @@ from cheaptrain.aggregate import (
     t975,
 )
 from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
-from cheaptrain.report.equal_cost import cost_table, implementation_of
+from cheaptrain.report.equal_cost import Paired, cost_table, implementation_of
 from cheaptrain.report.figures import (
     FIGURES,
     LEDGER_FIGURES,
@@ -728,6 +728,42 @@ def test_a_lead_is_weighed_seed_by_seed_where_the_two_configurations_share_three
         "seed by seed (ahead on 2 of 4 seeds, level on 1) the lead is +0.45"
     )
     assert verdict([94.0, 94.0], [93.0, 93.0]) == "the lead is within the 95% intervals (they overlap): not a finding."
+
+
+def test_a_lead_read_at_every_seed_count_is_a_finding_only_where_its_widened_interval_excludes_0():
+    """5 seeds: the comparison may have been read at 3, 4 and 5 seeds, so its 95% interval is widened for 3 looks
+    (Bonferroni, a 98.33% t-interval, as benchmarks/looks.py widens it): a lead clear at one look but not over three
+    is not a finding; a steady one is. The random control's sentence follows the same rule."""
+    rows = [cost_row("dfp", 12.8, -0.4, 0.6), cost_row("random_prune", 12.8, -1.0, 0.6)]
+    key = {method: ("dfp", "cifar10", "resnet18", method, "") for method in ("dfp", "random_prune")}
+    base = [94.0] * 5
+    unsteady = {key["dfp"]: dict(enumerate(b + d for b, d in zip(base, [1.0, 0.2, 2.0, 0.5, 1.5], strict=True))),
+                key["random_prune"]: dict(enumerate(base))}  # fmt: skip
+    steady = {key["dfp"]: dict(enumerate(b + d for b, d in zip(base, [1.0, 1.1, 0.9, 1.0, 1.2], strict=True))),
+              key["random_prune"]: dict(enumerate(base))}  # fmt: skip
+
+    def verdict(accuracies) -> str:
+        (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
+        return line.split("compute saved; ")[-1]
+
+    assert verdict(unsteady) == (
+        "seed by seed (ahead on 5 of 5 seeds) the lead is +1.04 [+0.13, +1.95] points; it excludes 0 at one look but "
+        "not widened for its 3 looks (one per seed count from 3), [-0.25, +2.33]: not a finding."
+    )
+    assert verdict(steady) == (
+        "seed by seed (ahead on 5 of 5 seeds) the lead is +1.04 [+0.90, +1.18] points; it excludes 0, as it does "
+        "widened for its 3 looks (one per seed count from 3), [+0.84, +1.24]: a finding."
+    )
+    agree = {"acc_points": 0.5, "saving_points": 3.0}
+    control = findings(rows, agree, unsteady)[1].split("DFP's selection against this random control: ")[1]
+    assert control.startswith(
+        "+1.04 [+0.13, +1.95] points of accuracy seed by seed (DFP ahead on 5 of 5 seeds: within noise once widened "
+        "for its 3 looks (one per seed count from 3), [-0.25, +2.33])"
+    )
+    assert "(DFP ahead on 5 of 5 seeds: a finding)" in findings(rows, agree, steady)[1]
+    differences = [1.0, 0.2, 2.0, 0.5, 1.5]
+    assert Paired.of(differences).looks == 3
+    assert Paired.of(differences[:3]).widened == Paired.of(differences[:3]).ci  # 3 seeds: one look, the 95% interval
 
 
 def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there():

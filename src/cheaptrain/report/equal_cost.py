@@ -4,10 +4,11 @@ over one another."""
 
 from __future__ import annotations
 
+import math
 from itertools import combinations
 from typing import Any, NamedTuple
 
-from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, row_key
+from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, row_key, t_quantile
 from cheaptrain.report.cells import (
     Column,
     Table,
@@ -27,12 +28,13 @@ COST_NOTE = (
     "points, ± the 95% t-interval over seeds (3+ seeds; (sd) with 2). Compute saved: 100·(1 − training FLOPs / the "
     "baseline's), exact; time saved: {time}, the robust estimate with its 95% interval (`src/cheaptrain/timing.py`). "
     "The best at a budget has the highest Δ. Its lead over each other configuration there, the runner-up first, is "
-    "weighed seed by seed where the two share 3 or more seeds (the 95% t-interval of their accuracy differences: a "
-    "finding when it excludes 0; and the seeds it is ahead on, which show whether a seed or two carry the mean), else "
-    "by whether their 95% intervals overlap; so is each other configuration's lead over those below it. The paper's "
-    "figures stand beside the configuration of the paper's own method and setting (its name, e.g. `dfp`); the papers "
-    "publish time saved, not compute. A 95% interval holds for one look: for a comparison looked at again as seeds "
-    "were added, `python benchmarks/looks.py` prints each look and the interval widened for all of them."
+    "weighed seed by seed where the two share 3 or more seeds (the 95% t-interval of their accuracy differences, and "
+    "the seeds it is ahead on, which show whether a seed or two carry the mean), else by whether their 95% intervals "
+    "overlap; so is each other configuration's lead over those below it. A 95% interval holds for one look, and a "
+    "comparison is read again as seeds are added: a lead is a finding where its interval excludes 0 widened for one "
+    "look per seed count from 3 (Bonferroni; at 3 seeds the 95% interval itself); `python benchmarks/looks.py` prints "
+    "each look, and widens for the looks a plan took. The paper's figures stand beside the configuration of the "
+    "paper's own method and setting (its name, e.g. `dfp`); the papers publish time saved, not compute."
 )
 
 
@@ -107,25 +109,49 @@ def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tupl
 
 
 class Paired(NamedTuple):
-    """Two configurations' accuracies compared seed by seed (paired_difference)."""
+    """Two configurations' accuracies compared seed by seed (paired_difference).
+
+    Seeds come in over time (the ledger grows a seed or two at a time) and a comparison is read again at each count,
+    so its 95% interval holds for one look only. `widened` holds for every count from 3 to `seeds` at once, one look
+    each (Bonferroni: a 1 - 0.05 / looks t-interval, as `benchmarks/looks.py` widens it for the looks a plan took):
+    a lead is a finding only where that interval excludes 0 too."""
 
     seeds: int  # seeds in common
     mean: float  # the first's accuracy minus the second's, averaged over them
     ci: float  # the 95% t-interval's half-width
     ahead: int  # seeds on which the first is ahead
     level: int  # seeds on which the two are equal
+    widened: float  # the half-width widened for `looks`
 
     @classmethod
     def of(cls, differences: list[float]) -> Paired:
-        """The differences' mean, its 95% t-interval (aggregate.describe) and the seeds ahead and level (3+ values)."""
-        mean, _, ci = describe(differences)
-        assert ci is not None  # 3 or more values
+        """The differences' mean, its 95% t-interval (aggregate.describe), the seeds ahead and level, and the interval
+        widened for its looks (3+ values)."""
+        mean, sd, ci = describe(differences)
+        assert ci is not None and sd is not None  # 3 or more values
+        n = len(differences)
+        looks = n - 2
+        widened = ci if looks == 1 else t_quantile(0.025 / looks, n - 1) * sd / math.sqrt(n)
         ahead, level = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
-        return cls(len(differences), mean, ci, ahead, level)
+        return cls(n, mean, ci, ahead, level, widened)
+
+    @property
+    def looks(self) -> int:
+        """The times it may have been read: once per seed count from 3."""
+        return self.seeds - 2
 
     def interval_text(self) -> str:
         """'+0.60 [+0.10, +1.09]': the mean difference and its 95% t-interval."""
         return f"{self.mean:+.2f} [{self.mean - self.ci:+.2f}, {self.mean + self.ci:+.2f}]"
+
+    def excludes_zero(self, widened: bool = False) -> bool:
+        half = self.widened if widened else self.ci
+        return self.mean - half > 0 or self.mean + half < 0
+
+    def looks_text(self) -> str:
+        """'widened for its 3 looks (one per seed count from 3), [-1.00, +6.00]'."""
+        low, high = self.mean - self.widened, self.mean + self.widened
+        return f"widened for its {self.looks} looks (one per seed count from 3), [{low:+.2f}, {high:+.2f}]"
 
     def seeds_text(self) -> str:
         """'ahead on 18 of 20 seeds', and ', level on 1' where some are equal: how the mean came about, which an
@@ -150,12 +176,16 @@ def paired_lead(
     None under 3 seeds in common."""
     if (paired := paired_difference(first, second, accuracies)) is None:
         return None
-    mean, ci = paired.mean, paired.ci
-    said = "it excludes 0: a finding"
-    if mean + ci < 0:
+    if paired.mean + paired.ci < 0:
         said = f"{second['method']} leads on the seeds they share"
-    elif mean - ci <= 0:
+    elif not paired.excludes_zero():
         said = "it includes 0: not a finding"
+    elif paired.looks == 1:
+        said = "it excludes 0: a finding"
+    elif paired.excludes_zero(widened=True):
+        said = f"it excludes 0, as it does {paired.looks_text()}: a finding"
+    else:
+        said = f"it excludes 0 at one look but not {paired.looks_text()}: not a finding"
     return f"seed by seed ({paired.seeds_text()}) the lead is {paired.interval_text()} points; {said}"
 
 

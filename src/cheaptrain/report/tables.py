@@ -212,7 +212,12 @@ def findings(
         if row["method"] == "random_prune" and None not in (dfp.get("acc_delta_mean"), row.get("acc_delta_mean")):
             gain = f"{dfp['acc_delta_mean'] - row['acc_delta_mean']:+.2f} points of accuracy"
             if paired := paired_difference(dfp, row, accuracies or {}):
-                said = "within noise" if paired.mean - paired.ci <= 0 <= paired.mean + paired.ci else "a finding"
+                if paired.excludes_zero(widened=True):  # equal_cost.Paired: read at every seed count from 3
+                    said = "a finding"
+                elif paired.excludes_zero():
+                    said = f"within noise once {paired.looks_text()}"
+                else:
+                    said = "within noise"
                 gain = f"{paired.interval_text()} points of accuracy seed by seed (DFP {paired.seeds_text()}: {said})"
             both = "compute_saving_pct_mean" in dfp and "compute_saving_pct_mean" in row  # else runs without FLOPs
             name, what = ("compute_saving_pct", "compute") if both else ("sample_saving_pct", "samples")
