@@ -23,6 +23,7 @@ each run's epochs, widened to the t-interval over seeds from 2 seeds on (`timing
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import itertools
@@ -248,6 +249,7 @@ def cornish_fisher_t975(df: int) -> float:
     )
 
 
+@functools.cache  # tens of milliseconds a call; a report asks for a few (p, df) pairs many times
 def t_quantile(p: float, df: int) -> float:
     """Student's t quantile for upper-tail probability `p` (0 < p < 0.5): the CDF integrated by Simpson's rule,
     inverted by bisection; scipy's to 1e-9 for df >= 2."""
