@@ -8,11 +8,12 @@ accuracy Δ), by the study's paper's measure (the report's default), over the se
 left out and named, as the report leaves them out), in the order the pairs became complete (the later `finished_at` of
 the two entries' run.json; seed order where an entry lacks it). Printed for the first K of those seeds, for each K of
 --at (default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `equal_cost.Paired`), the
-seeds it is ahead on, and whether the interval excludes 0 (the report's finding). A comparison looked at after each
-batch of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of the
-time when nothing is there: last, for all the seeds, the interval widened for --looks looks (default: the number of --at
-values, with --at) by Bonferroni's rule, a (1 − 0.05 / looks) t-interval, which holds whatever the looks saw.
-No training: seconds.
+seeds it is ahead on, and whether the interval excludes 0 at that one look. A comparison looked at after each batch
+of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of the time
+when nothing is there: last, for all the seeds, the interval widened for --looks looks (default: the number of --at
+values, with --at) by Bonferroni's rule, a (1 − 0.05 / looks) t-interval, which holds whatever the looks saw. The
+report widens it so for one look per seed count from 3 (`equal_cost.Paired.widened`); a plan that fixed fewer looks
+reads its own here. No training: seconds.
 """
 
 import argparse
