@@ -17,7 +17,6 @@ reads its own here. No training: seconds.
 """
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -25,16 +24,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cheaptrain import UserError, positive_int
-from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, ledger_runs, t_quantile
+from cheaptrain.aggregate import BASELINE, Run, accuracy_measures, collapsed, config_key, half_width, ledger_runs
 from cheaptrain.cli import run_command
 from cheaptrain.ledger import ledger_root
 from cheaptrain.report.equal_cost import Paired
 
 
-def interval(differences: list[float], level: float = 0.95) -> tuple[float, float]:
-    """The mean difference's two-sided t-interval at `level` (3+ values)."""
-    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
-    half = t_quantile((1 - level) / 2, len(differences) - 1) * sd / math.sqrt(len(differences))
+def interval(differences: list[float], looks: int = 1) -> tuple[float, float]:
+    """The mean difference's two-sided t-interval (3+ values): 95%, or widened for `looks` looks (half_width)."""
+    mean, half = statistics.fmean(differences), half_width(differences, looks)
+    assert half is not None
     return mean - half, mean + half
 
 
@@ -99,7 +98,7 @@ def main() -> None:
         print(f"{k:>3}{seeds[k - 1]:>10}{mean:>+8.2f}  {shown:<18}{paired.ahead:>5} of {k:<3}{found}")
     looks = args.looks or (len(args.at) if args.at else None)
     if looks:
-        low, high = interval(differences, 1 - 0.05 / looks)
+        low, high = interval(differences, looks)
         found = "excludes 0" if low > 0 or high < 0 else "contains 0"
         print(f"all {len(seeds)} seeds, widened for {looks} look{'s' * (looks > 1)} (Bonferroni: a "
               f"{100 * (1 - 0.05 / looks):.4g}% t-interval): [{low:+.2f}, {high:+.2f}], {found}")  # fmt: skip

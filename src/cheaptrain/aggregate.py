@@ -269,10 +269,15 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-def half_width(values: list[float]) -> float | None:
-    """The half-width t*sd/sqrt(n) of the 95% t-interval of the mean of 2+ values; None for fewer."""
+def half_width(values: list[float], looks: int = 1) -> float | None:
+    """The half-width t*sd/sqrt(n) of the 95% t-interval of the mean of 2+ values, or, for a mean read `looks` times
+    as values came in, of the interval widened for all of them (Bonferroni: a 1 - 0.05 / looks t-interval); None for
+    fewer than 2 values."""
     n = len(values)
-    return t975(n) * statistics.stdev(values) / math.sqrt(n) if n >= 2 else None
+    if n < 2:
+        return None
+    t = t975(n) if looks == 1 else t_quantile(0.025 / looks, n - 1)
+    return t * statistics.stdev(values) / math.sqrt(n)
 
 
 def describe(values: list[float]) -> tuple[float, float | None, float | None]:

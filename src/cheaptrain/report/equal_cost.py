@@ -4,11 +4,10 @@ over one another."""
 
 from __future__ import annotations
 
-import math
 from itertools import combinations
 from typing import Any, NamedTuple
 
-from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, row_key, t_quantile
+from cheaptrain.aggregate import BASELINE, Run, collapsed, config_key, describe, half_width, row_key
 from cheaptrain.report.cells import (
     Column,
     Table,
@@ -127,11 +126,10 @@ class Paired(NamedTuple):
     def of(cls, differences: list[float]) -> Paired:
         """The differences' mean, its 95% t-interval (aggregate.describe), the seeds ahead and level, and the interval
         widened for its looks (3+ values)."""
-        mean, sd, ci = describe(differences)
-        assert ci is not None and sd is not None  # 3 or more values
+        mean, _, ci = describe(differences)
         n = len(differences)
-        looks = n - 2
-        widened = ci if looks == 1 else t_quantile(0.025 / looks, n - 1) * sd / math.sqrt(n)
+        widened = half_width(differences, looks=n - 2)  # one look per seed count from 3, as `looks` says
+        assert ci is not None and widened is not None  # 3 or more values
         ahead, level = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
         return cls(n, mean, ci, ahead, level, widened)
 
