@@ -3,18 +3,18 @@ fall more often than the others' on the same network.
 
     python benchmarks/falls.py [STUDY/DATASET/MODEL] [--compare METHOD OTHER] [--ledger DIR]
 
-A run falls when its test accuracy, having been above chance, drops to chance (at most CHANCE_MARGIN points above
-100 / classes, `cheaptrain.aggregate.collapsed`'s line): its network stopped learning, as AlexNet without BatchNorm can
-at lr 0.1 after a loss spike. Some learn again (the lr drops, a unit comes back); one still at chance at its last
-epoch ended at chance, and the report leaves it out of every figure and names it. Per network (every one in the
-ledger, or the one named), per method: its runs, how many fell, how many ended at chance, and for a method with falls
-the one-sided Fisher exact p: the chance that at least that many of the network's falls would land on the method's
-runs were the falls spread over all the network's runs (every method, one study's recipe) at random. The method is
-looked at because it fell, so the p describes the ledger, not a test planned beforehand. Then each fall: its epochs
-at chance, whether and when the run learned again, its highest training loss and its final accuracy.
-`--compare METHOD OTHER` (with a network) adds the test of a comparison planned before its runs: the one-sided
-Fisher exact p that METHOD's runs fall more often than OTHER's, the network's other runs left aside. No training:
-seconds.
+A run falls when its test accuracy, having been above chance, drops to chance (at most CHANCE_MARGIN points above 100 /
+classes, `cheaptrain.aggregate.collapsed`'s line): its network stopped learning, as AlexNet without BatchNorm can at lr
+0.1 after a loss spike. Some learn again (the lr drops, a unit comes back); one still at chance at its last epoch ended
+at chance, and the report leaves it out of every figure and names it. A run whose loss became NaN (`diverged_epoch`: the
+ledger keeps its epochs before) is at chance from that epoch, where it stopped. Per network (every one in the ledger, or
+the one named), per method: its runs, how many fell, how many ended at chance, and for a method with falls the one-sided
+Fisher exact p: the chance that at least that many of the network's falls would land on the method's runs were the falls
+spread over all the network's runs (every method, one study's recipe) at random. The method is looked at because it
+fell, so the p describes the ledger, not a test planned beforehand. Then each fall: its epochs at chance, whether and
+when the run learned again, its highest training loss and its final accuracy. `--compare METHOD OTHER` (with a network)
+adds the test of a comparison planned before its runs: the one-sided Fisher exact p that METHOD's runs fall more often
+than OTHER's, the network's other runs left aside. No training: seconds.
 """
 
 import argparse
@@ -36,7 +36,8 @@ def chance_spells(run: Run) -> list[tuple[int, int]]:
     line = chance_line(run.dataset)
     spells: list[tuple[int, int]] = []
     learned = False
-    for row in run.history:
+    diverged = [{"epoch": run.metrics["diverged_epoch"], "test_acc": 0.0}] if "diverged_epoch" in run.metrics else []
+    for row in run.history + diverged:  # the epoch whose loss became NaN is at chance: its weights are NaN
         epoch, at_chance = int(row["epoch"]), row["test_acc"] <= line
         if not at_chance:
             learned = True
@@ -59,14 +60,18 @@ def fisher_p(falls: int, runs: int, network_falls: int, network_runs: int) -> fl
 
 
 def spell_text(run: Run, spells: list[tuple[int, int]]) -> str:
-    last_epoch = int(run.history[-1]["epoch"])
+    last_epoch = int(run.metrics.get("diverged_epoch", run.history[-1]["epoch"]))
     parts = [f"{a}-{b}" if a != b else f"{a}" for a, b in spells]
     at = sum(b - a + 1 for a, b in spells)
     again = "never learning again" if spells[-1][1] == last_epoch else f"learning again from epoch {spells[-1][1] + 1}"
     losses = [(row["train_loss"], int(row["epoch"])) for row in run.history if "train_loss" in row]
     peak = "; training loss at most {:.4g} (epoch {})".format(*max(losses)) if losses else ""
+    if "diverged_epoch" in run.metrics:
+        end = f"; its loss became NaN in epoch {last_epoch}, where it stopped"
+    else:
+        end = f"; final {run.metrics['final_acc']:.2f}%"
     return (f"{run.method} seed {run.seed}: at chance in epochs {', '.join(parts)} ({at} of {last_epoch}), {again}"
-            f"{peak}; final {run.metrics['final_acc']:.2f}%")  # fmt: skip
+            f"{peak}{end}")  # fmt: skip
 
 
 def main() -> None:

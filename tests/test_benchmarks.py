@@ -455,6 +455,18 @@ def test_the_falls_analysis_names_each_run_that_fell_to_chance_and_weighs_a_meth
     ):
         failed = benchmark_here(monkeypatch, "falls", *args, "--ledger", str(tmp_path))
         assert failed.returncode == 2 and said in failed.stderr, (args, failed.stderr)
+    # x's seed 3 diverged in epoch 6, its 5 epochs before above chance (the ledger keeps those, with diverged_epoch):
+    # a fall that ended at chance, from the epoch it stopped in
+    stopped = tmp_path / "dfp/cifar10-lenet-x-s3/metrics.json"
+    stopped.write_text(json.dumps(json.loads(stopped.read_text()) | {"diverged_epoch": 6}))
+    diverged = benchmark_here(monkeypatch, "falls", "dfp/cifar10/lenet", "--compare", "x", "baseline", "--ledger",
+                              str(tmp_path)).stdout.splitlines()  # fmt: skip
+    assert diverged[0] == "dfp/cifar10/lenet: 8 runs, 3 fell to chance (a test accuracy at most 11%)"
+    assert diverged[3].split() == ["x", "4", "3", "2", f"{5 / 70:.3g}"]  # three falls on x's four runs: C(5,1) / C(8,4)
+    assert diverged[6] == ("  - x seed 3: at chance in epochs 6 (1 of 6), never learning again; training loss at most "
+                           "2 (epoch 5); its loss became NaN in epoch 6, where it stopped")  # fmt: skip
+    assert diverged[-1].startswith(f"planned comparison: x fell in 3 of 4 runs, baseline in 0 of 4; one-sided Fisher "
+                                   f"exact p that the first falls more often {5 / 70:.3g}")  # fmt: skip
     falls = load_benchmark("falls")
     assert falls.fisher_p(2, 4, 2, 8) == pytest.approx(15 / 70)
     assert falls.fisher_p(1, 12, 1, 36) == pytest.approx(1 / 3) and falls.fisher_p(0, 4, 2, 8) == 1.0

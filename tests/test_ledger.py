@@ -17,13 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from reliability_methods import Poison
 
 from cheaptrain import UserError, ledger, timing
-from cheaptrain.aggregate import ledger_runs
+from cheaptrain.aggregate import collapsed, ledger_runs
 from cheaptrain.data import load_split
+from cheaptrain.methods import METHODS
 from cheaptrain.papers import PAPERS
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import Recorder, checkpoint_path, code_version, fit, train_run
+from cheaptrain.trainer import TrainingDiverged
 
 from conftest import REPO, small_config, synthetic_split
 
@@ -190,6 +193,39 @@ def test_retrain_replaces_the_entry(repo, monkeypatch):
     (entry,) = ledger.entries()
     assert entry.path == repo / "ledger/dfp/cifar10-lenet-baseline-s7"
     assert entry.info["mlflow_run_id"] not in ("", before)  # the new run's
+
+
+def test_a_run_that_diverges_at_its_papers_setting_is_kept_as_a_run_that_ended_at_chance(repo, monkeypatch, capsys):
+    """Poison's loss becomes NaN in epoch 3, every time. Not at a paper's setting the run stops with the checkpoint of
+    epoch 2; at it (3 epochs here), resumed from that checkpoint, it diverges again and its 2 epochs become its outputs
+    and ledger entry, diverged_epoch 3 in its metrics, its MLflow run finished with them, no checkpoint left: the stage
+    ends without an error, the report counts it as a run that ended at chance, and run again it reuses the entry."""
+    monkeypatch.setitem(METHODS, "poison", Poison)
+    monkeypatch.setattr(Poison, "name", "poison")
+    cfg = dataclasses.replace(small_config(epochs=3, study="dfp", method="poison"), ledger="record", threads=1)
+    with pytest.raises(TrainingDiverged, match="became nan in epoch 3"):
+        train_run(cfg)  # the paper's setting here has 2 epochs: not recorded
+    assert checkpoint_path(cfg).is_file() and not ledger.entries()
+    monkeypatch.setitem(PAPERS["dfp"], "recipe", PAPERS["dfp"]["recipe"] | {"epochs": 3})
+    final = train_run(cfg)
+    err = capsys.readouterr().err
+    assert "resuming after epoch 2" in err and "warning: cifar10-lenet-poison-s7: the training loss became nan in " \
+        "epoch 3" in err and "Its 2 epochs before it are kept as its outputs and ledger entry" in err  # fmt: skip
+    entry = ledger.read_entry(repo / "ledger/dfp/cifar10-lenet-poison-s7")
+    assert entry.metrics == final and final["diverged_epoch"] == 3 and final["epochs"] == 2
+    assert [row["epoch"] for row in entry.history] == [1, 2]  # the resumed epochs, from the checkpoint
+    for name in ledger.FILES:
+        assert (repo / "runs/dfp/cifar10-lenet-poison-s7" / name).read_bytes() == (entry.path / name).read_bytes()
+    assert not checkpoint_path(cfg).exists()
+    (run,) = mlflow_runs("cifar10-lenet-poison-s7")
+    assert run.info.status == "FINISHED" and run.data.metrics["diverged_epoch"] == 3
+    assert run.data.metrics["final_acc"] == final["final_acc"]
+    (recorded,) = ledger_runs()
+    assert collapsed(recorded)  # whatever its epoch 2's accuracy
+    ledger.main(["list"])
+    assert ", 2 epochs (loss diverged in epoch 3), cpu" in capsys.readouterr().out
+    monkeypatch.setattr("cheaptrain.runner.fit", lambda *a, **k: pytest.fail("trained again"))
+    assert train_run(cfg) == final and len(mlflow_runs("cifar10-lenet-poison-s7")) == 1
 
 
 def test_without_mlflow_an_entry_is_written_and_imported_once_later(repo):

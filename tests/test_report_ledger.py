@@ -815,6 +815,30 @@ def test_a_run_that_ended_at_chance_is_left_out_of_every_figure_and_named(tmp_pa
     assert f"Our baselines against the papers': WUS's {gap:+.2f} to {gap:+.2f} points (1 network)." in level.note
 
 
+def test_a_run_whose_loss_diverged_is_left_out_as_one_that_ended_at_chance_and_named(tmp_path):
+    """AlexNet's WUS+LR seed 2 diverged in epoch 6: the ledger keeps its 5 epochs before, all above chance, with
+    diverged_epoch 6. It is left out of every figure as a run that ended at chance, named with the epoch its loss
+    diverged in, and its configuration's epochs stay its recipe's 200."""
+    from cheaptrain.aggregate import load_published
+
+    for method in ("baseline", "wus_lr"):
+        for seed in (0, 1, 2, 3):
+            diverged = (method, seed) == ("wus_lr", 2)
+            folder = write_entry(tmp_path, "wus", "alexnet", method, seed, epochs=5 if diverged else 200)
+            if diverged:
+                metrics = json.loads((folder / "metrics.json").read_text()) | {"diverged_epoch": 6}
+                (folder / "metrics.json").write_text(json.dumps(metrics))
+    runs = ledger_runs(tmp_path)
+    (stopped,) = [r for r in runs if "diverged_epoch" in r.metrics]
+    assert stopped.metrics["final_acc"] > 40 and collapsed(stopped)
+    assert not any(collapsed(r) for r in runs if r is not stopped)
+    summary = summarize(runs, {})
+    wus_lr = next(r for r in summary if r["method"] == "wus_lr")
+    assert (wus_lr["seeds"], wus_lr["collapsed_seeds"], wus_lr["paired_seeds"], wus_lr["epochs"]) == (3, "2", 3, 200)
+    markdown, _, _ = paper_scale(summary, runs, load_published(PUBLISHED), AGREE)
+    assert "left out of every figure: wus cifar10/alexnet/wus_lr seed 2 (loss diverged in epoch 6)." in markdown
+
+
 def test_a_grid_whose_baseline_ended_at_chance_is_reported_and_gated_and_drawn_without_it(
     tmp_path, monkeypatch, empty_store
 ):

@@ -305,9 +305,10 @@ def accuracy_measures(params: dict[str, Any]) -> dict[str, str]:
 
 def collapsed(run: Run) -> bool:
     """Whether the run ended at chance accuracy, within CHANCE_MARGIN points of 100 / classes: its network stopped
-    learning (every unit dead after its loss diverged, say), which no figure of a method is compared with."""
+    learning (every unit dead after its loss diverged, say), which no figure of a method is compared with. A run whose
+    loss became NaN (`diverged_epoch`, kept by the runner at a paper's setting) did, whatever its last epoch before."""
     line = chance_line(run.dataset)
-    return line is not None and run.metrics["final_acc"] <= line
+    return "diverged_epoch" in run.metrics or (line is not None and run.metrics["final_acc"] <= line)
 
 
 def chance_line(dataset: str) -> float | None:
@@ -338,7 +339,7 @@ def summarize(runs: list[Run], measures: dict[str, str]) -> list[dict[str, Any]]
         sources = {r.source for r in every}  # where its runs came from, those at chance too
         row: dict[str, Any] = dict(zip(KEY, key[:4], strict=True)) | {
             "seeds": len(group),
-            "epochs": int(statistics.fmean(r.metrics["epochs"] for r in every)),
+            "epochs": int(max(r.metrics["epochs"] for r in every)),  # a run that diverged stopped short of them
             "recipe": key[4],
             "source": "+".join(s for s in SOURCES if s in sources),
             "devices": ", ".join(sorted({r.device for r in group if r.device})),

@@ -3,11 +3,12 @@
     ledger/<study>/<dataset>-<model>-<method>-s<seed>/   one entry: the run's run.json, metrics.json, history.csv
     ledger/metrics.json                                    every entry's final figures (`dvc metrics show`)
 
-An entry is written by the train stage, never by hand, when params `train.ledger` is `record` (or `retrain`) and the
-run is at its paper's setting (200 epochs, the paper's recipe; `papers.paper_setting`): the three output files of
-the finished run, copied as they are. run.json names what was trained (the resolved configuration) and where and how
-(training-code version, git commit, prepared data's digest, device, its CPU kernels' vector instructions, torch
-version, CPU threads). Training needs neither MLflow nor DVC to write one: on a rented GPU machine with PyTorch
+An entry is written by the train stage, never by hand, when params `train.ledger` is `record` (or `retrain`) and the run
+is at its paper's setting (200 epochs, the paper's recipe; `papers.paper_setting`): the three output files of the
+finished run, copied as they are; of a run whose loss became NaN, its epochs before, `diverged_epoch` in its metrics
+(the report counts it as a run that ended at chance). run.json names what was trained (the resolved configuration) and
+where and how (training-code version, git commit, prepared data's digest, device, its CPU kernels' vector instructions,
+torch version, CPU threads). Training needs neither MLflow nor DVC to write one: on a rented GPU machine with PyTorch
 alone, `python stages/train.py ... --no-mlflow` trains and records, and the entry is committed from there.
 
 In `record` mode a run whose entry matches is not trained again: the entry becomes the stage's outputs (and its
@@ -382,8 +383,9 @@ def main(argv: list[str] | None = None) -> None:
             where = i.get("device")
             if isinstance(machines := i.get("machines"), list) and len(machines) > 1:  # resumed on another machine
                 where = f"{len(machines)} machines, the last {where}"
+            stopped = f" (loss diverged in epoch {int(m['diverged_epoch'])})" if "diverged_epoch" in m else ""
             print(f"{entry.study}/{entry.name}: final {m.get('final_acc', float('nan')):.2f}%, best-3 "
-                  f"{m.get('best3_acc', float('nan')):.2f}%, {int(m.get('epochs', 0))} epochs, {where}, "
+                  f"{m.get('best3_acc', float('nan')):.2f}%, {int(m.get('epochs', 0))} epochs{stopped}, {where}, "
                   f"commit {str(i.get('git_commit'))[:10]}")  # fmt: skip
         print(f"{len(found)} entries in {ledger_root()}")
     else:

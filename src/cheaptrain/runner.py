@@ -18,7 +18,9 @@ compare (`aggregate.machine_difference`). Of several processes training the same
 first uses the checkpoint (a lock file beside it).
 
 With params `train.ledger: record` a finished run is also kept in the results ledger (ledger.py), and a run whose
-ledger entry matches is not trained again.
+ledger entry matches is not trained again. A run whose loss becomes NaN stops, keeping its checkpoint; at its paper's
+setting in ledger mode record, its epochs before the divergence are kept instead as its outputs and ledger entry
+(`diverged_epoch` in its metrics): the recipe diverges on that seed every time, a result a count of falls needs.
 """
 
 from __future__ import annotations
@@ -389,7 +391,8 @@ class Recorder:
         self.done = len(resume["history"]) if resume else 0  # epochs checkpointed: on disk
         self.machines = machines_of(resume, machine_here(cfg.device))
         self.writing: tuple[Future, int] | None = None  # the checkpoint being written, and its epochs
-        self.history: list[dict[str, Any]] = []  # the epochs so far, as the last epoch's end saw them
+        # the epochs so far, as the last epoch's end saw them (a resumed run's, until its first epoch here ends)
+        self.history: list[dict[str, Any]] = list(resume["history"]) if resume else []
         self.logged = logged  # epochs the store holds
         # the MLflow run the checkpoint names: untracked, the one a tracked attempt began, which a later one continues
         self.run_id = tracker.run_id or (resume and resume["run_id"]) or None
@@ -581,12 +584,21 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
             tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
         except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
             recorder.log_missing(recorder.history)  # the store gets what the checkpoint holds
-            tracker.fail("FAILED")
-            recorder.discard()  # diverged in its first epoch: nothing to resume
-            raise TrainingDiverged(
-                f"{e} {failed_in(tracker)}; {recorder.kept()}. Running again with the "
-                "same params diverges again; changed params start afresh."
-            ) from None
+            if not keeps_divergence(cfg, recorder.history):
+                tracker.fail("FAILED")
+                recorder.discard()  # diverged in its first epoch: nothing to resume
+                raise TrainingDiverged(
+                    f"{e} {failed_in(tracker)}; {recorder.kept()}. Running again with the "
+                    "same params diverges again; changed params start afresh."
+                ) from None
+            final = final_metrics(recorder.history) | {"diverged_epoch": recorder.history[-1]["epoch"] + 1}
+            final["wall_time_s"] = recorder.wall_s()
+            if processes.main:
+                try:
+                    record_divergence(cfg, tracker, recorder, ident["data"], final, str(e))
+                except BaseException:
+                    tracker.fail("FAILED")
+                    raise
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see stages/train.py)
             recorder.log_missing(recorder.history)
             tracker.fail("KILLED")
@@ -605,6 +617,38 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
         if owner:
             remove_checkpoint(ckpt)
     return final
+
+
+def keeps_divergence(cfg: RunConfig, history: list[dict[str, Any]]) -> bool:
+    """Whether a run whose loss diverged is kept as a result: at its paper's setting in ledger mode record or retrain,
+    with an epoch before the divergence. The recipe diverges on that seed every time: a result of the method, which a
+    count of runs that fell must include."""
+    subset = ledger_.prepared_subset(cfg)
+    return cfg.ledger in ("record", "retrain") and bool(history) and not ledger_.departures(cfg, subset)
+
+
+def record_divergence(
+    cfg: RunConfig,
+    tracker: RunTracker | NoTracker,
+    recorder: Recorder,
+    data_digest: str,
+    final: dict[str, float],
+    error: str,
+) -> None:
+    """Write a diverged run's epochs before the divergence as its outputs and ledger entry, `diverged_epoch` in its
+    final metrics, and finish its MLflow run with them (FINISHED, as its entry's import would be: the record is whole,
+    and `diverged_epoch` says where it stopped). The method's run figures are left out: its state counts the epoch
+    that diverged, which the history lacks. Aggregation counts the run as one that ended at chance."""
+    info = run_info(cfg, tracker.run_id, data_digest, recorder.history, recorder.machines)
+    write_outputs(cfg.out_dir, recorder.history, final, info)
+    path = ledger_.record(cfg.out_dir, cfg, tracker.run_id)
+    tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
+    print(
+        f"warning: {error} Its {len(recorder.history)} epochs before it are kept as its outputs and ledger entry "
+        f"({path}), with diverged_epoch {int(final['diverged_epoch'])}: the report counts it as a run that ended at "
+        "chance.",
+        file=sys.stderr,
+    )
 
 
 def resume_state(

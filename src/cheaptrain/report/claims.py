@@ -208,7 +208,7 @@ def claim_point(claim: Claim, row: dict[str, Any], verdict: str, agree: dict[str
 def collapsed_note(failed: list[Run]) -> str:
     """The report's line on the runs that ended at chance accuracy (aggregate.collapsed)."""
     named = ", ".join(
-        f"{r.study} {r.dataset}/{r.model}/{r.method} seed {r.seed} (final {r.metrics['final_acc']:.2f}%)"
+        f"{r.study} {r.dataset}/{r.model}/{r.method} seed {r.seed} ({ending(r)})"
         for r in sorted(failed, key=lambda r: (r.study, r.dataset, r.model, r.method, r.seed))
     )
     return (
@@ -217,6 +217,14 @@ def collapsed_note(failed: list[Run]) -> str:
         "its accuracy Δ and the other figures paired with the baseline (seeds: '2 of 3'), and counted in its own "
         "(time saved against its own full epochs, reduction)."
     )
+
+
+def ending(run: Run) -> str:
+    """'final 10.00%', or 'loss diverged in epoch 6' for a run whose loss became NaN or infinite (its last epoch before
+    it is not its end)."""
+    if "diverged_epoch" in run.metrics:
+        return f"loss diverged in epoch {int(run.metrics['diverged_epoch'])}"
+    return f"final {run.metrics['final_acc']:.2f}%"
 
 
 CLAIM_HEADERS = [
