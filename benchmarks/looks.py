@@ -77,7 +77,11 @@ def main() -> None:
     if by_arrival:  # in the order each pair became complete, as the report saw them
         seeds.sort(key=lambda s: (came_in[s], s))
     if len(seeds) < 3:
-        raise UserError(f"{parts[3]} and {args.against} share {len(seeds)} seeds; a t-interval needs 3")
+        left = "; ".join(f"{m} seed{'s' * (len(at_chance[m]) > 1)} {', '.join(map(str, sorted(at_chance[m])))}"
+                         for m in (parts[3], args.against) if m in at_chance)  # fmt: skip
+        left = f" (left out, ended at chance: {left})" if left else ""
+        raise UserError(f"{parts[3]} and {args.against} share {len(seeds)} seed{'s' * (len(seeds) != 1)}{left}; a "
+                        "t-interval needs 3")  # fmt: skip
     counts = args.at or list(range(3, len(seeds) + 1))
     if too_many := [k for k in counts if not 3 <= k <= len(seeds)]:
         raise UserError(f"--at {' '.join(map(str, too_many))}: the counts lie in 3-{len(seeds)} (the seeds shared)")

@@ -410,6 +410,9 @@ def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_int
     lost = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path)).stdout
     assert lost.splitlines()[1] == "left out, ended at chance: dfp seed 6" and "of their 5 shared seeds" in lost
     assert [row.split()[:3] for row in lost.splitlines()[3:]] == [row[:3] for row in rows[2:]]
+    short = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--against", "random_prune", "--ledger",
+                           str(tmp_path))  # fmt: skip
+    assert "share 2 seeds (left out, ended at chance: dfp seed 6); a t-interval needs 3" in short.stderr
 
 
 def test_the_falls_analysis_names_each_run_that_fell_to_chance_and_weighs_a_methods_falls(monkeypatch, tmp_path):
