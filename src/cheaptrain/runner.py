@@ -20,7 +20,8 @@ first uses the checkpoint (a lock file beside it).
 With params `train.ledger: record` a finished run is also kept in the results ledger (ledger.py), and a run whose
 ledger entry matches is not trained again. A run whose loss becomes NaN stops, keeping its checkpoint; at its paper's
 setting in ledger mode record, its epochs before the divergence are kept instead as its outputs and ledger entry
-(`diverged_epoch` in its metrics): the recipe diverges on that seed every time, a result a count of falls needs.
+(`diverged_epoch` in its metrics): run again on that kind of machine it diverges again, a result a count of falls
+needs.
 """
 
 from __future__ import annotations
@@ -621,8 +622,8 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
 
 def keeps_divergence(cfg: RunConfig, history: list[dict[str, Any]]) -> bool:
     """Whether a run whose loss diverged is kept as a result: at its paper's setting in ledger mode record or retrain,
-    with an epoch before the divergence. The recipe diverges on that seed every time: a result of the method, which a
-    count of runs that fell must include."""
+    with an epoch before the divergence. Run again on that kind of machine it diverges again: a result of the method,
+    which a count of runs that fell must include."""
     subset = ledger_.prepared_subset(cfg)
     return cfg.ledger in ("record", "retrain") and bool(history) and not ledger_.departures(cfg, subset)
 
