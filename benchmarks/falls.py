@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from cheaptrain import UserError
 from cheaptrain.aggregate import Run, chance_line, collapsed, ledger_runs
 from cheaptrain.cli import run_command
-from cheaptrain.ledger import ledger_root
+from cheaptrain.ledger import divergence, ledger_root
 
 
 def chance_spells(run: Run) -> list[tuple[int, int]]:
@@ -66,10 +66,8 @@ def spell_text(run: Run, spells: list[tuple[int, int]]) -> str:
     again = "never learning again" if spells[-1][1] == last_epoch else f"learning again from epoch {spells[-1][1] + 1}"
     losses = [(row["train_loss"], int(row["epoch"])) for row in run.history if "train_loss" in row]
     peak = "; training loss at most {:.4g} (epoch {})".format(*max(losses)) if losses else ""
-    if "diverged_epoch" in run.metrics:
-        end = f"; its loss became NaN in epoch {last_epoch}, where it stopped"
-    else:
-        end = f"; final {run.metrics['final_acc']:.2f}%"
+    diverged = divergence(run.metrics)
+    end = f"; {diverged}, where it stopped" if diverged else f"; final {run.metrics['final_acc']:.2f}%"
     return (f"{run.method} seed {run.seed}: at chance in epochs {', '.join(parts)} ({at} of {last_epoch}), {again}"
             f"{peak}{end}")  # fmt: skip
 

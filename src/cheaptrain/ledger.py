@@ -133,6 +133,11 @@ def grid_runs(params: dict[str, Any]) -> Iterator[tuple[str, str, str, str, int]
         )
 
 
+def divergence(metrics: dict[str, Any]) -> str | None:
+    """'loss diverged in epoch 6' for a run whose loss became NaN or infinite (`diverged_epoch`), else None."""
+    return f"loss diverged in epoch {int(metrics['diverged_epoch'])}" if "diverged_epoch" in metrics else None
+
+
 def entries(root: Path | None = None) -> list[Entry]:
     """Every entry of the ledger, by study and name; dot-names (a write's staging folder) are not entries."""
     root = root or ledger_root()
@@ -383,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
             where = i.get("device")
             if isinstance(machines := i.get("machines"), list) and len(machines) > 1:  # resumed on another machine
                 where = f"{len(machines)} machines, the last {where}"
-            stopped = f" (loss diverged in epoch {int(m['diverged_epoch'])})" if "diverged_epoch" in m else ""
+            stopped = f" ({diverged})" if (diverged := divergence(m)) else ""
             print(f"{entry.study}/{entry.name}: final {m.get('final_acc', float('nan')):.2f}%, best-3 "
                   f"{m.get('best3_acc', float('nan')):.2f}%, {int(m.get('epochs', 0))} epochs{stopped}, {where}, "
                   f"commit {str(i.get('git_commit'))[:10]}")  # fmt: skip

@@ -526,6 +526,23 @@ def write_outputs(out: Path, history: list[dict[str, Any]], final: dict[str, flo
     atomic_write(out / "metrics.json", json.dumps(final, indent=2) + "\n")
 
 
+def finish_run(
+    cfg: RunConfig,
+    tracker: RunTracker | NoTracker,
+    recorder: Recorder,
+    data_digest: str,
+    history: list[dict[str, Any]],
+    final: dict[str, float],
+) -> Path | None:
+    """Write a run's outputs, record them in the ledger in ledger mode record or retrain (returning the entry's
+    path), and finish its MLflow run with them."""
+    info = run_info(cfg, tracker.run_id, data_digest, history, recorder.machines)
+    write_outputs(cfg.out_dir, history, final, info)
+    entry = ledger_.record(cfg.out_dir, cfg, tracker.run_id) if cfg.ledger in ("record", "retrain") else None
+    tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
+    return entry
+
+
 def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) -> dict[str, float]:
     """Train one configuration (resuming from its checkpoint if one exists, reusing its ledger entry if one
     matches); returns its final metrics. Across `processes` (torchrun), the main one tracks, checkpoints and writes;
@@ -577,12 +594,7 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
             final["wall_time_s"] = recorder.wall_s()  # every attempt up to its last checkpoint, plus this one
             if not processes.main:
                 return final
-            # in the try: a run whose outputs, entry or store fail ends FAILED, not RUNNING
-            info = run_info(cfg, tracker.run_id, ident["data"], history, recorder.machines)
-            write_outputs(cfg.out_dir, history, final, info)
-            if cfg.ledger in ("record", "retrain"):
-                ledger_.record(cfg.out_dir, cfg, tracker.run_id)
-            tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
+            finish_run(cfg, tracker, recorder, ident["data"], history, final)  # in the try: a failure ends FAILED
         except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
             recorder.log_missing(recorder.history)  # the store gets what the checkpoint holds
             if not keeps_divergence(cfg, recorder.history):
@@ -640,10 +652,7 @@ def record_divergence(
     final metrics, and finish its MLflow run with them (FINISHED, as its entry's import would be: the record is whole,
     and `diverged_epoch` says where it stopped). The method's run figures are left out: its state counts the epoch
     that diverged, which the history lacks. Aggregation counts the run as one that ended at chance."""
-    info = run_info(cfg, tracker.run_id, data_digest, recorder.history, recorder.machines)
-    write_outputs(cfg.out_dir, recorder.history, final, info)
-    path = ledger_.record(cfg.out_dir, cfg, tracker.run_id)
-    tracker.finish(final, [cfg.out_dir / "history.csv", cfg.out_dir / "run.json"])
+    path = finish_run(cfg, tracker, recorder, data_digest, recorder.history, final)
     print(
         f"warning: {error} Its {len(recorder.history)} epochs before it are kept as its outputs and ledger entry "
         f"({path}), with diverged_epoch {int(final['diverged_epoch'])}: the report counts it as a run that ended at "

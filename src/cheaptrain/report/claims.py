@@ -10,6 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from cheaptrain.aggregate import BASELINE, CHANCE_MARGIN, KEY, PAPER_MEASURE, Run, collapsed, config_key, row_key
+from cheaptrain.ledger import divergence
 from cheaptrain.papers import network_deviations
 from cheaptrain.papers import paper_setting as paper_setting_of
 from cheaptrain.report.cells import (
@@ -222,9 +223,7 @@ def collapsed_note(failed: list[Run]) -> str:
 def ending(run: Run) -> str:
     """'final 10.00%', or 'loss diverged in epoch 6' for a run whose loss became NaN or infinite (its last epoch before
     it is not its end)."""
-    if "diverged_epoch" in run.metrics:
-        return f"loss diverged in epoch {int(run.metrics['diverged_epoch'])}"
-    return f"final {run.metrics['final_acc']:.2f}%"
+    return divergence(run.metrics) or f"final {run.metrics['final_acc']:.2f}%"
 
 
 CLAIM_HEADERS = [
