@@ -107,6 +107,11 @@ def seed_accuracies(summary: list[dict[str, Any]], runs: list[Run]) -> dict[tupl
     return accuracies
 
 
+def looks_at(seeds: int) -> int:
+    """The times a comparison of `seeds` seeds in common may have been read: once per seed count from 3."""
+    return seeds - 2
+
+
 class Paired(NamedTuple):
     """Two configurations' accuracies compared seed by seed (paired_difference).
 
@@ -128,15 +133,15 @@ class Paired(NamedTuple):
         widened for its looks (3+ values)."""
         mean, _, ci = describe(differences)
         n = len(differences)
-        widened = half_width(differences, looks=n - 2)  # one look per seed count from 3, as `looks` says
+        widened = half_width(differences, looks=looks_at(n))
         assert ci is not None and widened is not None  # 3 or more values
         ahead, level = sum(d > 0 for d in differences), sum(d == 0 for d in differences)
         return cls(n, mean, ci, ahead, level, widened)
 
     @property
     def looks(self) -> int:
-        """The times it may have been read: once per seed count from 3."""
-        return self.seeds - 2
+        """The times it may have been read (looks_at)."""
+        return looks_at(self.seeds)
 
     def interval_text(self) -> str:
         """'+0.60 [+0.10, +1.09]': the mean difference and its 95% t-interval."""
