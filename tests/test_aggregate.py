@@ -32,7 +32,7 @@ from cheaptrain.aggregate import (
     t975,
 )
 from cheaptrain.check import LEDGER_ONLY, NOT_GATED, WALL_CLOCK_GATES
-from cheaptrain.report.equal_cost import Paired, cost_table, implementation_of
+from cheaptrain.report.equal_cost import Paired, cost_table, implementation_of, paired_lead
 from cheaptrain.report.figures import (
     FIGURES,
     LEDGER_FIGURES,
@@ -766,6 +766,23 @@ def test_a_lead_read_at_every_seed_count_is_a_finding_only_where_its_widened_int
     assert Paired.of(differences[:3]).widened == Paired.of(differences[:3]).ci  # 3 seeds: one look, the 95% interval
 
 
+def test_a_lead_the_other_way_is_weighed_for_its_looks_as_a_lead_this_way():
+    """Behind seed by seed on 8 seeds: the other configuration leads, and whether that is a finding is weighed for
+    the looks it may have had, as a lead of this one is."""
+    first, second = cost_row("dfp", 29.8, -0.3, 0.6), cost_row("infobatch", 29.8, -0.4, 0.6)
+    differences = [-0.9, -0.2, -0.6, -0.1, -1.0, 0.1, -0.7, -0.5]
+    key = {m: ("dfp", "cifar10", "resnet18", m, "") for m in ("dfp", "infobatch")}
+    accuracies = {key["dfp"]: {s: 90.0 + d for s, d in enumerate(differences)},
+                  key["infobatch"]: dict.fromkeys(range(8), 90.0)}  # fmt: skip
+    paired = Paired.of(differences)
+    assert paired.excludes_zero() and not paired.excludes_zero(widened=True)
+    assert paired_lead(first, second, accuracies) == (
+        "seed by seed (ahead on 1 of 8 seeds) the lead is -0.49 [-0.81, -0.16] points; infobatch leads on the seeds "
+        "they share; it excludes 0 at one look but not widened for its 6 looks (one per seed count from 3), [-0.99, "
+        "+0.01]: not a finding"
+    )
+
+
 def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there():
     """Three configurations at one cost: the best's lead over the runner-up, then over the third, then the
     runner-up's over the third, each seed by seed; a configuration that wins on the seeds it shares with another is
@@ -790,9 +807,11 @@ def test_the_best_at_a_budget_is_weighed_against_each_other_configuration_there(
     (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
     assert (
         "(ahead on 0 of 3 seeds) the lead is -1.00 [-1.25, -0.75] points; infobatch leads on the seeds they "
-        "share. Of the others" in line
+        "share; it excludes 0: a finding. Of the others" in line
     )
-    assert line.endswith("the lead is -2.00 [-2.00, -2.00] points; infobatch leads on the seeds they share.")
+    assert line.endswith(
+        "the lead is -2.00 [-2.00, -2.00] points; infobatch leads on the seeds they share; it excludes 0: a finding."
+    )
     accuracies[key["infobatch"]] = {0: 94.5, 1: 94.0, 2: 94.5}  # ahead on two seeds of three, behind on one
     (line,) = [v for v in cost_table(rows, {}, 3.0, accuracies=accuracies).note.splitlines() if v.startswith("- ")]
     assert (

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -273,6 +275,8 @@ def test_a_figure_the_gate_cannot_read_fails_for_the_reason_the_report_gives():
         ({"wall_clock": "sometimes"}, "check.wall_clock: 'sometimes' is not accepted; accepted: report | gate"),
         ({"min_compute_saving": {"baseline": 1}}, "check.min_compute_saving.baseline: the baseline is the reference"),
         ({"min_compute_saving": {"dfp": True}}, "check.min_compute_saving.dfp: True is not a finite number"),
+        # misspelt, it would gate nothing and leave dfp ungated: "PASSED" over a run that lost 18 points
+        ({"max_acc_drop": {"dpf": 1.0}}, "check.max_acc_drop.dpf: no method of that name (accepted: baseline, dfp,"),
     ],
 )
 def test_bad_thresholds_are_clear_errors(tmp_path, check, message):
@@ -281,6 +285,15 @@ def test_bad_thresholds_are_clear_errors(tmp_path, check, message):
     assert message in str(info.value)
     result = gate(tmp_path, good(), check, in_process=True)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_threshold_may_name_a_configuration_of_params_methods():
+    check = {"max_acc_drop": {"dfp_p50": 1.0}}
+    with pytest.raises(UserError, match=r"check\.max_acc_drop\.dfp_p50: no method of that name"):
+        load_gate({"check": check})
+    assert load_gate({"check": check, "methods": {"dfp_p50": {"method": "dfp", "prune_num": 0.5}}}).thresholds[
+        "max_acc_drop"
+    ] == {"dfp_p50": 1.0}
 
 
 def test_accept_makes_the_summary_the_reference_and_a_missing_reference_is_an_error(tmp_path):
@@ -337,6 +350,8 @@ def test_the_quick_command_passes_what_follows_its_double_dash_to_dvc_and_its_ow
     from cheaptrain import quick
 
     monkeypatch.chdir(tmp_path)
+    for var in ("CIFAR10_SOURCE", "CIFAR100_SOURCE"):
+        monkeypatch.delenv(var, raising=False)
     (tmp_path / "overlay.yaml").write_text("train:\n  epochs: 2\n")
     for argv in (["overlay.yaml", "--dry-run", "--", "--temp"], ["--dry-run", "overlay.yaml", "--", "--temp"]):
         quick.main(argv)
@@ -346,6 +361,61 @@ def test_the_quick_command_passes_what_follows_its_double_dash_to_dvc_and_its_ow
     with pytest.raises(UserError, match=r"dvc is not on PATH: run in the project's environment"):
         quick.main(["overlay.yaml"])
     assert (tmp_path / "params.yaml").read_text() == "train: {}\n"
+
+
+def test_the_quick_command_stopped_by_sigterm_puts_params_yaml_back(tmp_path):
+    """A closed terminal or a CI timeout (SIGHUP, SIGTERM) while `dvc exp run -S` holds the quick params in
+    params.yaml: the checkout is left as it was, not on the quick setting for the next `dvc repro`."""
+    (tmp_path / "bin").mkdir()
+    dvc = tmp_path / "bin" / "dvc"  # writes the overlay into params.yaml, as `dvc exp run -S` does, then trains
+    dvc.write_text("#!/bin/sh\necho 'train: {epochs: 2}' > params.yaml\ntouch started\nexec sleep 60\n")
+    dvc.chmod(0o755)
+    (tmp_path / "overlay.yaml").write_text("train:\n  epochs: 2\n")
+    (tmp_path / "params.yaml").write_text("train: {epochs: 200}\n")
+    env = os.environ | {"PYTHONPATH": str(REPO / "src"), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env.pop("CIFAR10_SOURCE", None)
+    process = subprocess.Popen([sys.executable, "-m", "cheaptrain.quick", "overlay.yaml"], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "params.yaml").read_text() == "train: {epochs: 2}\n"
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert (tmp_path / "params.yaml").read_text() == "train: {epochs: 200}\n"
+
+
+def test_the_quick_command_puts_a_source_named_in_the_environment_into_the_experiments_params(
+    tmp_path, monkeypatch, capsys
+):
+    """CIFAR10_SOURCE alone is invisible to DVC, which would keep data prepared from another source: it becomes the
+    experiment's download.cifar10.source, without the overlay's sha256 unless it names the overlay's own archive."""
+    from cheaptrain import quick
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("DVC_ROOT", "CIFAR100_SOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "overlay.yaml").write_text("download:\n  cifar10:\n    source: data/a.tar.gz\n    sha256: abc\n")
+    (tmp_path / "params.yaml").write_text("download:\n  cifar100:\n    source: torchvision\n")
+
+    def command(**env: str) -> str:
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        quick.main(["overlay.yaml", "--dry-run"])
+        return capsys.readouterr().out
+
+    assert command(CIFAR10_SOURCE="data/b.tar.gz") == (
+        f"dvc exp run -S 'download.cifar10.source=\"{tmp_path}/data/b.tar.gz\"' -S download.cifar10.sha256=null\n"
+    )
+    assert command(CIFAR10_SOURCE=str(tmp_path / "data/a.tar.gz")) == (  # the overlay's own: its sha256 checks it
+        f"dvc exp run -S 'download.cifar10.source=\"{tmp_path}/data/a.tar.gz\"' -S 'download.cifar10.sha256=\"abc\"'\n"
+    )
+    monkeypatch.delenv("CIFAR10_SOURCE")
+    assert command(CIFAR100_SOURCE="torchvision") == (  # params.yaml's own source, which has no sha256 to drop
+        "dvc exp run -S 'download.cifar10.source=\"data/a.tar.gz\"' -S 'download.cifar10.sha256=\"abc\"' "
+        "-S 'download.cifar100.source=\"torchvision\"'\n"
+    )
 
 
 @pytest.mark.e2e

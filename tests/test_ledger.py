@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from cheaptrain.methods import METHODS
 from cheaptrain.papers import PAPERS
 from cheaptrain.prepare import write_prepared
 from cheaptrain.runner import Recorder, checkpoint_path, code_version, fit, train_run
+from cheaptrain.tracking import INTERRUPTS
 from cheaptrain.trainer import TrainingDiverged
 
 from conftest import REPO, small_config, synthetic_split
@@ -358,6 +360,26 @@ def test_a_record_whose_swap_fails_puts_the_old_entry_back(repo, monkeypatch):
         ledger.record(config().out_dir, config(), None)
     assert [p.name for p in (repo / "ledger/dfp").iterdir()] == ["cifar10-lenet-baseline-s7"]
     assert (repo / "ledger/dfp/cifar10-lenet-baseline-s7/metrics.json").read_text() == old
+
+
+def test_a_signal_during_the_swap_interrupts_once_the_index_lists_the_new_entry(repo, monkeypatch):
+    """SIGTERM is held back while the entry is swapped in and the index rewritten: a later run only reuses the entry,
+    and would never rewrite an index that lacks it."""
+    train_run(config(), track=False)
+    (config().out_dir / "metrics.json").write_text(json.dumps({"final_acc": 12.5, "epochs": 2}))
+    rename = Path.rename
+
+    def signalled(self, target):
+        if self.name.startswith(".cifar10-lenet-baseline-s7.") and ".replaced." not in self.name:
+            INTERRUPTS.handle(signal.SIGTERM, None)  # as stages/train.py's handler gets it
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", signalled)
+    with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGTERM)}"):
+        ledger.record(config().out_dir, config(), None)
+    index = json.loads((repo / "ledger/metrics.json").read_text())
+    assert index["dfp"]["cifar10-lenet-baseline-s7"]["final_acc"] == 12.5
+    assert [p.name for p in (repo / "ledger/dfp").iterdir()] == ["cifar10-lenet-baseline-s7"]
 
 
 def test_a_staging_folder_left_by_a_killed_record_is_not_an_entry(repo):

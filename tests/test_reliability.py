@@ -474,6 +474,8 @@ def test_a_store_that_fails_mid_run_stops_it_with_a_clear_error_and_the_rerun_fi
 def test_a_checkpoint_whose_mlflow_run_is_gone_resumes_into_a_new_run_with_every_epoch(
     workdir, monkeypatch, capsys, empty_store, expected, how
 ):
+    """The new run's id goes into the checkpoint at once: a resume killed before its first epoch ends continues that
+    run, not a third."""
     crash_at_log_of(3, monkeypatch)
     gone = only_run(store_of(workdir)).info.run_id
     if how == "deleted":
@@ -482,12 +484,52 @@ def test_a_checkpoint_whose_mlflow_run_is_gone_resumes_into_a_new_run_with_every
         MlflowClient(store_of(workdir)).delete_run(gone)
     else:  # mlflow.db deleted, or MLFLOW_TRACKING_URI now names another store
         shutil.copy(empty_store, workdir / "mlflow.db")
-    final = train_run(config())
+
+    def crash(self, epoch, lr):
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Stateful, "on_epoch_start", crash)
+        with pytest.raises(Crash):
+            train_run(config())
+    assert checkpointed_epochs(workdir) == 3
     assert f"the MLflow run {gone} of its checkpoint is not in the store" in capsys.readouterr().err
+    final = train_run(config())
+    assert "is not in the store" not in capsys.readouterr().err
     assert in_process_results(final, workdir) == expected  # resumed: the checkpoint was good
     run = only_run(store_of(workdir))
     assert run.info.run_id != gone and run.info.status == "FINISHED"
+    assert run.data.tags["resumed_after_epochs"] == "3,3"
     assert_each_epoch_once(store_of(workdir), run, read_csv(workdir / "runs" / "dfp" / NAME / "history.csv"))
+
+
+@pytest.mark.parametrize("stop", ["interrupted", "diverged"])
+def test_a_stopped_run_whose_last_log_fails_still_ends_its_mlflow_run(workdir, monkeypatch, stop):
+    """A second Ctrl-C, or a store that fails, while a stopped run logs its checkpointed epoch: the run still ends
+    KILLED or FAILED, not left RUNNING for MLflow's exit hook to end as FINISHED."""
+    import mlflow
+
+    # stopped in epoch 4 (a Ctrl-C) or 3 (a NaN loss): the epoch before is checkpointed, not yet logged
+    cfg, last, error = (config(), 3, KeyboardInterrupt) if stop == "interrupted" else (config("poison"), 2, UserError)
+    real_log, real_start = RunTracker.log_epoch, Stateful.on_epoch_start
+
+    def log_or_fail(self, row):
+        if row["epoch"] == last:
+            raise error("the store failed")
+        real_log(self, row)
+
+    def interrupt(self, epoch, lr):
+        if epoch == 4:
+            raise KeyboardInterrupt
+        return real_start(self, epoch, lr)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunTracker, "log_epoch", log_or_fail)
+        patch.setattr(Stateful, "on_epoch_start", interrupt)
+        with pytest.raises(error):
+            train_run(cfg)
+    assert mlflow.active_run() is None
+    assert only_run(store_of(workdir), cfg.name).info.status == ("KILLED" if stop == "interrupted" else "FAILED")
 
 
 def test_a_store_ahead_of_the_checkpoint_never_gets_an_epoch_twice(workdir, monkeypatch, expected):

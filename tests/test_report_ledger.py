@@ -239,6 +239,41 @@ def test_the_ledger_and_the_grid_count_a_run_in_both_once(tmp_path):
     assert {r["epochs"] for r in grid_rows} == {10} and len(grid_runs) == 6
 
 
+@pytest.mark.parametrize("grid_run", ["an earlier version of the entry", "trained otherwise", "the entry"])
+def test_a_grid_run_that_is_an_earlier_version_of_its_ledger_entry_gives_way_to_the_entry(tmp_path, capsys, grid_run):
+    """An entry replaced since the grid's train stage recorded or reused it (retrained on a GPU, committed from there):
+    `dvc repro` sees nothing to train again, and the report counts the entry. A grid run trained otherwise (ledger
+    mode ignore, other prepared data) or the entry itself stays the grid's."""
+
+    def provenance(folder: Path, ledger: str, finished: str, digest: str = "d1") -> None:
+        info = json.loads((folder / "run.json").read_text())
+        info["config"]["ledger"] = ledger
+        (folder / "run.json").write_text(json.dumps(info | {"finished_at": finished, "data_digest": digest}))
+
+    ours = write_entry(tmp_path / "runs", "dfp", "lenet", "dfp", 0)
+    entry = write_entry(tmp_path / "ledger", "dfp", "lenet", "dfp", 0)
+    metrics = json.loads((entry / "metrics.json").read_text())
+    (entry / "metrics.json").write_text(json.dumps(metrics | {"best3_acc": 80.0}))
+    provenance(entry, "record", "2026-12-06T10:00:00Z")
+    provenance(ours, *{
+        "an earlier version of the entry": ("record", "2026-12-01T10:00:00Z"),
+        "trained otherwise": ("ignore", "2026-12-01T10:00:00Z"),
+        "the entry": ("record", "2026-12-06T10:00:00Z"),
+    }[grid_run])  # fmt: skip
+    grid = {"grid": {"dfp": {"datasets": ["cifar10"], "models": ["lenet"], "methods": ["dfp"], "seeds": [0]}}}
+    (run,) = with_ledger(collect(grid, tmp_path / "runs"), ledger_runs(tmp_path / "ledger"))
+    warned = capsys.readouterr().err
+    if grid_run == "an earlier version of the entry":
+        assert run.source == "ledger" and run.metrics["best3_acc"] == 80.0
+        assert warned == (
+            "warning: dfp/cifar10-lenet-dfp-s0: the grid's run (finished 2026-12-01T10:00:00Z) is an earlier version "
+            "of its ledger entry (finished 2026-12-06T10:00:00Z); the report counts the entry (`dvc repro --force "
+            "--single-item train_dfp@cifar10-lenet-dfp-0` copies it into runs/)\n"
+        )
+    else:
+        assert run.source == "runs" and run.metrics["best3_acc"] != 80.0 and warned == ""
+
+
 def test_two_ledger_configurations_of_one_name_are_both_logged_to_mlflow(tmp_path, monkeypatch, empty_store):
     """Runs of one name at two recipes: metrics.json keeps both, the second under its recipe, in a name MLflow
     accepts (it refuses '@'); the run's tags are the stage's, the git commit read once."""

@@ -277,14 +277,30 @@ def test_a_relative_sqlite_store_is_the_repository_roots_also_from_a_temporary_c
     assert tracking_uri() == f"sqlite:///{tmp_path / 'copy' / 'mine.db'}"
 
 
-def test_a_stage_run_the_store_refuses_is_marked_failed_not_left_running(store):
+@pytest.mark.parametrize(
+    ("failure", "error", "status"),
+    [
+        ("the store refuses", UserError, "FAILED"),
+        ("a full disk", OSError, "FAILED"),
+        ("Ctrl-C", KeyboardInterrupt, "KILLED"),
+    ],
+)
+def test_a_stage_run_that_fails_as_it_logs_is_marked_failed_or_killed_not_left_running(
+    store, monkeypatch, failure, error, status
+):
     from mlflow import MlflowClient
 
-    with pytest.raises(UserError, match="cannot log the check run check to the MLflow store"):
-        log_stage_run("check", "check", {"bad@name": 1}, {"passed": 1.0})  # MLflow refuses '@' in a param's name
+    params = {"bad@name": 1} if failure == "the store refuses" else {"name": 1}  # MLflow refuses '@' in a param's name
+
+    def log_table(*args, **kwargs):  # the table's artifact, written after the params
+        raise KeyboardInterrupt if error is KeyboardInterrupt else OSError(28, "No space left on device")
+
+    monkeypatch.setattr(MlflowClient, "log_table", log_table)
+    with pytest.raises(error, match="cannot log the check run check to the MLflow store" if error is UserError else ""):
+        log_stage_run("check", "check", params, {"passed": 1.0}, table=("table.json", {"a": [1]}))
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("check").experiment_id])
-    assert run.info.status == "FAILED"
+    assert run.info.status == status
 
 
 def test_the_stage_tags_read_the_git_commit_once(monkeypatch):

@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,7 @@ class Run:
     gpu_uuid: str = ""  # run.json's, on a GPU: two GPUs of one name (two rented machines) can differ in speed
     finished_at: str = ""  # run.json's, UTC (2026-11-29T08:40:03Z); empty for runs that predate it
     trained_on: str = ""  # the machines of a run resumed on another (`machines_text`); empty for one machine
+    data_digest: str = ""  # run.json's: the prepared data it trained on
 
     @property
     def name(self) -> str:
@@ -160,6 +162,7 @@ def provenance(info: dict[str, Any]) -> dict[str, str]:
         "gpu_uuid": info.get("gpu_uuid") or "",
         "finished_at": info.get("finished_at") or "",
         "trained_on": machines_text(info.get("machines")),
+        "data_digest": info.get("data_digest") or "",
     }
 
 
@@ -209,9 +212,35 @@ def ledger_runs(root: Path | None = None) -> list[Run]:
 
 
 def with_ledger(grid: list[Run], ledger: list[Run]) -> list[Run]:
-    """The grid's runs and the ledger's; a run in both (the same study, name and recipe) is counted once: the grid's."""
-    trained = {run_identity(r) for r in grid}
-    return grid + [r for r in ledger if run_identity(r) not in trained]
+    """The grid's runs and the ledger's; a run in both (the same study, name and recipe) is counted once: the grid's,
+    unless it is an earlier version of the entry (superseded), which the entry replaces, with a warning."""
+    entries = {run_identity(r): r for r in ledger}
+    kept = []
+    for run in grid:
+        if superseded(run, entry := entries.get(run_identity(run))):
+            print(
+                f"warning: {run.study}/{run.name}: the grid's run (finished {run.finished_at}) is an earlier version "
+                f"of its ledger entry (finished {entry.finished_at}); the report counts the entry (`dvc repro --force "
+                f"--single-item train_{run.study}@{run.dataset}-{run.model}-{run.method}-{run.seed}` copies it into "
+                "runs/)",
+                file=sys.stderr,
+            )
+        else:
+            kept.append(run)
+    trained = {run_identity(r) for r in kept}
+    return kept + [r for r in ledger if run_identity(r) not in trained]
+
+
+def superseded(run: Run, entry: Run | None) -> bool:
+    """Whether a grid run is an earlier version of its ledger `entry`: trained in ledger mode record or retrain on the
+    same prepared data, it recorded or reused the entry as it was then, and the entry has been replaced since (say
+    retrained on a GPU and committed from there), which `dvc repro` sees no change in its train stage's deps for."""
+    return (
+        entry is not None
+        and run.config.get("ledger") in ("record", "retrain")
+        and run.data_digest == entry.data_digest
+        and run.finished_at != entry.finished_at
+    )
 
 
 def run_identity(run: Run) -> tuple[str, str, str]:

@@ -64,8 +64,12 @@ class Check:
 
 
 def load_gate(params: dict[str, Any]) -> Gate:
-    """Params `check`, validated: a UserError lists every unknown key and every bad value."""
+    """Params `check`, validated: a UserError lists every unknown key, every bad value and every method name that is
+    neither registered nor a section of params `methods` (a misspelt one would leave its method ungated, silently)."""
+    from cheaptrain.methods import METHODS  # late: methods import torch
+
     section = params.get("check") or {}
+    known = {BASELINE, *METHODS, *(params.get("methods") or {})}
     if not isinstance(section, dict):
         raise UserError("params `check` must be a mapping of thresholds (see README: The gate)")
     accepted = (*GATES, *OPTIONS)
@@ -78,7 +82,9 @@ def load_gate(params: dict[str, Any]) -> Gate:
             continue
         thresholds[key] = {}
         for method, limit in per_method.items():
-            if limit is not None and not is_number(limit):
+            if method not in known:
+                problems.append(f"check.{key}.{method}: no method of that name (accepted: {', '.join(sorted(known))})")
+            elif limit is not None and not is_number(limit):
                 problems.append(f"check.{key}.{method}: {limit!r} is not a finite number (or null: not checked)")
             elif method == BASELINE and key not in BASELINE_GATES and limit is not None:
                 problems.append(f"check.{key}.{method}: the baseline is the reference; only {BASELINE_GATES} apply")

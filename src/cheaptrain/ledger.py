@@ -239,11 +239,12 @@ def record(out_dir: Path, cfg: RunConfig, run_id: str | None) -> Path | None:
     try:
         for name in FILES:
             shutil.copy2(out_dir / name, staging / name)
-        with _lock():
-            with INTERRUPTS.held_back():  # a signal between the two renames would leave no entry at all
-                if path.exists():
-                    path.rename(replaced)  # renamed, not removed here: a reader never sees part of an entry
-                staging.rename(path)  # whole or absent: never a half-written entry
+        # a signal between the two renames would leave no entry at all, and one before the index is rewritten an
+        # index without the entry (a later run only reuses it, and never rewrites the index)
+        with _lock(), INTERRUPTS.held_back():
+            if path.exists():
+                path.rename(replaced)  # renamed, not removed here: a reader never sees part of an entry
+            staging.rename(path)  # whole or absent: never a half-written entry
             write_index()
     except BaseException:  # a full disk or an interrupt leaves no staging folder behind, and the old entry in place
         shutil.rmtree(staging, ignore_errors=True)
@@ -263,8 +264,8 @@ def reuse(entry: Entry, cfg: RunConfig, track: bool) -> dict[str, float]:
     run_id = import_entry(entry)[0] if track else ""
     info = entry.info | {"mlflow_run_id": run_id or entry.info.get("mlflow_run_id", ""), "ledger_entry": entry.id}
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("metrics.json", "history.csv"):
-        shutil.copy2(entry.path / name, cfg.out_dir / name)
+    for name in ("metrics.json", "history.csv"):  # the stage's outputs: never half-written
+        atomic_write(cfg.out_dir / name, (entry.path / name).read_bytes())
     atomic_write(cfg.out_dir / "run.json", json.dumps(info, indent=2) + "\n")
     print(f"{cfg.study}/{cfg.name}: not trained again: its ledger entry {entry.path} matches", file=sys.stderr)
     return entry.metrics

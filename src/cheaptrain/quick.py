@@ -6,14 +6,18 @@
 
 The experiment runs in the workspace, so its runs, results and MLflow runs land there; then params.yaml is put back
 as it was, so that the checkout is unchanged (`git status` clean) and a later `dvc repro` trains the papers' setting,
-not the quick one. `dvc exp show` lists the experiment with its quick params.
+not the quick one. `dvc exp show` lists the experiment with its quick params. A source named in the environment
+(CIFAR10_SOURCE=...) becomes the experiment's `download.cifar10.source`, so that DVC prepares the data from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +28,7 @@ import yaml
 from cheaptrain import UserError, atomic_write
 from cheaptrain.cli import run_command
 from cheaptrain.config import read_yaml
+from cheaptrain.prepare import DATASETS, resolve_source
 
 
 def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
@@ -35,6 +40,24 @@ def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
         else:
             out.append(f"{prefix}{key}={json.dumps(value)}")  # JSON is YAML, which is how DVC reads -S values
     return out
+
+
+def with_env_sources(overlay: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The overlay with each $<DATASET>_SOURCE of the environment as its `download.<dataset>.source` (absolute): a
+    variable alone is invisible to DVC, which would keep data prepared from another source. Its sha256 goes (null)
+    unless the variable names the source the overlay or params.yaml (`params`) already name: it is that archive's."""
+    overlay = copy.deepcopy(overlay)
+    for dataset in DATASETS:
+        if not (value := os.environ.get(f"{dataset.upper()}_SOURCE", "").strip()):
+            continue
+        source = resolve_source(dataset, value, environment=False)
+        given = [(layer.get("download") or {}).get(dataset) or {} for layer in (overlay, params)]
+        current = next((g["source"] for g in given if g.get("source")), "")
+        entry = overlay.setdefault("download", {}).setdefault(dataset, {})
+        entry["source"] = source
+        if not current or resolve_source(dataset, current, environment=False) != source:
+            entry["sha256"] = None
+    return overlay
 
 
 def load_overlay(path: Path) -> dict[str, Any]:
@@ -63,12 +86,15 @@ def main(argv: list[str] | None = None) -> None:
     ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)  # what follows -- is dvc's alone, flags too
     overlay = load_overlay(Path(args.overlay))
+    params = Path("params.yaml")
+    overlay = with_env_sources(overlay, read_yaml(params.read_text()) or {} if params.is_file() else {})
     command = ["dvc", "exp", "run", *[a for o in overrides(overlay) for a in ("-S", o)], *extra]
     print(shlex.join(command), flush=True)
     if args.dry_run:
         return
-    params = Path("params.yaml")
     original = params.read_bytes()
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal, a CI timeout: params.yaml is still put back
+        signal.signal(signum, lambda number, frame: sys.exit(128 + number))
     try:
         returncode = subprocess.run(command).returncode
     except FileNotFoundError:

@@ -572,6 +572,8 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
                 into = f"MLflow run {tracker.run_id}" if tracker.run_id else "not tracked"
                 print(f"{cfg.name}: resuming after epoch {recorder.done} ({ckpt}), {into}", file=sys.stderr)
                 tracker.note_resume(recorder.done, recorder.machines)
+                if recorder.run_id != resume["run_id"]:  # a new MLflow run: a crash before the next epoch continues it
+                    recorder.save(resume)
                 recorder.log_missing(resume["history"])
             else:  # no epoch yet, but the run id: a crash in epoch 1 continues this MLflow run, not a second one
                 recorder.save({"history": []})
@@ -596,7 +598,11 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
                 return final
             finish_run(cfg, tracker, recorder, ident["data"], history, final)  # in the try: a failure ends FAILED
         except TrainingDiverged as e:  # deterministic: the same params resume and diverge again, so say what helps
-            recorder.log_missing(recorder.history)  # the store gets what the checkpoint holds
+            try:
+                recorder.log_missing(recorder.history)  # the store gets what the checkpoint holds
+            except BaseException:  # the store failed, or a Ctrl-C: the run ends FAILED, not FINISHED by MLflow's hook
+                tracker.fail("FAILED")
+                raise
             if not keeps_divergence(cfg, recorder.history):
                 tracker.fail("FAILED")
                 recorder.discard()  # diverged in its first epoch: nothing to resume
@@ -613,8 +619,10 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
                     tracker.fail("FAILED")
                     raise
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see stages/train.py)
-            recorder.log_missing(recorder.history)
-            tracker.fail("KILLED")
+            try:
+                recorder.log_missing(recorder.history)
+            finally:  # a second Ctrl-C in the log still ends the run KILLED, not FINISHED by MLflow's exit hook
+                tracker.fail("KILLED")
             again = "resume" if recorder.done and recorder.owner else "start over"
             if processes.main:
                 print(f"{cfg.name}: interrupted; {recorder.kept()}: run again to {again}.", file=sys.stderr)

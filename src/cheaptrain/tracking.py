@@ -605,10 +605,12 @@ def log_stage_run(
         if table is not None:
             client.log_table(run_id, table[1], table[0])
         client.set_terminated(run_id, "FINISHED")
-    except MlflowException as e:
+    except BaseException as e:  # a store error, a full disk under the artifacts, a Ctrl-C
         if run_id is not None:  # not left RUNNING; the store may be what failed, so its error is the one raised
             with contextlib.suppress(Exception):
-                client.set_terminated(run_id, "FAILED")
+                client.set_terminated(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        if not isinstance(e, MlflowException):
+            raise
         raise UserError(
             f"cannot log the {experiment} run {name} to the MLflow store {tracking_uri()!r}: "
             f"{' '.join(e.message.split())[:600]}. Run the stage again once the store works."

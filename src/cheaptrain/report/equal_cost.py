@@ -179,9 +179,7 @@ def paired_lead(
     None under 3 seeds in common."""
     if (paired := paired_difference(first, second, accuracies)) is None:
         return None
-    if paired.mean + paired.ci < 0:
-        said = f"{second['method']} leads on the seeds they share"
-    elif not paired.excludes_zero():
+    if not paired.excludes_zero():
         said = "it includes 0: not a finding"
     elif paired.looks == 1:
         said = "it excludes 0: a finding"
@@ -189,6 +187,8 @@ def paired_lead(
         said = f"it excludes 0, as it does {paired.looks_text()}: a finding"
     else:
         said = f"it excludes 0 at one look but not {paired.looks_text()}: not a finding"
+    if paired.excludes_zero() and paired.mean < 0:  # behind seed by seed: its higher Δ is over seeds of its own
+        said = f"{second['method']} leads on the seeds they share; {said}"
     return f"seed by seed ({paired.seeds_text()}) the lead is {paired.interval_text()} points; {said}"
 
 
