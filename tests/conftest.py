@@ -18,6 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_ARCHIVE = REPO.parent / "shared" / "datasets" / "cifar10-jpg.tar.gz"
+QUICK_SOURCE = {"CIFAR10_SOURCE": str(SHARED_ARCHIVE)}  # the quick copy lives elsewhere: no "../shared" beside it
 BIN = Path(sys.executable).parent  # the venv running the tests: its dvc and python run the stages
 
 
@@ -268,7 +269,7 @@ def quick_started(request, tmp_path_factory):
     # training: its figures do not depend on the machine's core count (the thread count changes the float rounding),
     # and it leaves the other cores to the tests running beside it. OpenMP threads sleep while they wait. MLflow
     # samples the system metrics at its default interval (10 s): a run of the quick setting lasts minutes on a CPU
-    env = {"CIFAR10_SOURCE": str(SHARED_ARCHIVE), "OMP_WAIT_POLICY": "PASSIVE", "CHEAPTRAIN_THREADS": "1"}
+    env = QUICK_SOURCE | {"OMP_WAIT_POLICY": "PASSIVE", "CHEAPTRAIN_THREADS": "1"}
     log = folder / "quick.log"
     with open(log, "w") as out:
         process = start_in(repo, "python", "-m", "cheaptrain.quick", env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -309,9 +310,10 @@ def quick(quick_started, shared_archive) -> Path:
     # the tests read the params the experiment ran with from params.yaml, as a checkout after `dvc exp apply` would
     from dvc.utils.hydra import apply_overrides
 
-    from cheaptrain.quick import overrides
+    from cheaptrain.quick import overrides, with_env_sources
 
-    apply_overrides(repo / "params.yaml", overrides(yaml.safe_load((repo / "params.quick.yaml").read_text())))
+    overlay, params = (yaml.safe_load((repo / name).read_text()) for name in ("params.quick.yaml", "params.yaml"))
+    apply_overrides(repo / "params.yaml", overrides(with_env_sources(overlay, params, repo, QUICK_SOURCE)))
     return repo
 
 

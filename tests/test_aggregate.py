@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -44,7 +45,16 @@ from cheaptrain.report.figures import (
     spans,
 )
 from cheaptrain.report.tables import findings, paper_tables, setting_differences
-from cheaptrain.timing import FULL, REPLICATES, epoch_medians, paired_saving, resampled_medians, run_time, slowdown
+from cheaptrain.timing import (
+    BLOCK,
+    FULL,
+    REPLICATES,
+    epoch_medians,
+    paired_saving,
+    resampled_medians,
+    run_time,
+    slowdown,
+)
 
 from conftest import REPO, grid, read_csv, run_in, write_run
 
@@ -222,16 +232,22 @@ def test_own_time_saving_compares_a_run_with_its_own_full_epochs(tmp_path):
     assert run_time([{"epoch_train_s": 1.0}], "no work") is None and run_time([], "empty") is None
 
 
-@pytest.mark.parametrize("sizes", [(1,), (2, 1), (199,), (96, 4, 3)])  # kinds of odd and even sizes, one of 1
-def test_resampled_medians_are_bitwise_those_of_python_random_choices(sizes):
-    rng = random.Random(sum(sizes))
-    rates = {f"kind {i}": [rng.uniform(1, 3) for _ in range(n)] for i, n in enumerate(sizes)}
-    seed = f"dfp/cifar10-lenet-dfp-s{len(sizes)}"
-    draws = random.Random(seed)
-    expected = [{k: statistics.median(draws.choices(v, k=len(v))) for k, v in rates.items()} for _ in range(REPLICATES)]
-    medians = resampled_medians(rates, seed)
-    assert list(medians) == list(rates)
-    assert {k: m.tolist() for k, m in medians.items()} == {k: [e[k] for e in expected] for k in rates}
+def test_resampled_medians_keep_neighbouring_epochs_together():
+    """A machine's load lasts minutes: a kind whose rates run slow for a stretch of epochs, resampled in blocks, spreads
+    its median wider than the same rates resampled one by one, which takes neighbours as independent. Seeded by the
+    run's name: the same replicates on every call, others for another run."""
+    rng = random.Random(7)
+    rates = [1.0 + 0.02 * rng.random() + (0.3 if 60 <= e < 100 else 0.0) for e in range(170)]  # 40 slow in a row
+    blocked = resampled_medians({"kind": rates, "short": rates[:BLOCK]}, "dfp/cifar10-lenet-dfp-s0")
+    low, high = np.percentile(blocked["kind"], [2.5, 97.5])
+    draws = np.random.default_rng(0).integers(0, len(rates), (REPLICATES, len(rates)))
+    one_by_one = np.median(np.asarray(rates)[draws], axis=1)
+    low_1, high_1 = np.percentile(one_by_one, [2.5, 97.5])
+    assert high - low > 1.5 * (high_1 - low_1)
+    assert blocked["kind"].shape == (REPLICATES,) and set(blocked["short"]) <= set(rates[:BLOCK])  # odd: one of them
+    again = resampled_medians({"kind": rates, "short": rates[:BLOCK]}, "dfp/cifar10-lenet-dfp-s0")
+    assert np.array_equal(again["kind"], blocked["kind"])
+    assert not np.array_equal(resampled_medians({"kind": rates}, "dfp/cifar10-lenet-dfp-s1")["kind"], blocked["kind"])
 
 
 def timed_history(seconds: list[float], skip: set[int] = frozenset()) -> list[dict[str, float]]:

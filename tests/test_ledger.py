@@ -454,6 +454,53 @@ def test_a_run_stopped_after_recording_its_entry_leaves_no_checkpoint_once_reuse
     assert ckpt.is_file()
 
 
+def test_a_run_killed_after_recording_its_entry_is_marked_killed_once_reused_and_the_entry_imported(repo, monkeypatch):
+    """SIGKILL between the entry and the end of its MLflow run leaves that run RUNNING, tagged as the entry's source,
+    for ever: the reuse that removes its checkpoint marks it KILLED (abandoned), and the entry comes in as a finished
+    run of its own."""
+    from mlflow import MlflowClient
+
+    def killed(*args, **kwargs):
+        raise SystemExit(137)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("cheaptrain.tracking.RunTracker.finish", killed)
+        with pytest.raises(SystemExit):
+            train_run(config())
+    (live,) = mlflow_runs("cifar10-lenet-baseline-s7")
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    client.update_run(live.info.run_id, status="RUNNING")  # as SIGKILL leaves it: nothing could mark it
+    assert checkpoint_path(config()).is_file()
+    train_run(config())  # the entry reused
+    runs = {run.info.run_id: run for run in mlflow_runs("cifar10-lenet-baseline-s7")}
+    killed_run = runs.pop(live.info.run_id)
+    assert killed_run.info.status == "KILLED" and "before its run finished" in killed_run.data.tags["abandoned"]
+    ((imported_id, imported),) = runs.items()
+    assert imported.info.status == "FINISHED" and "imported_from" in imported.data.tags
+    assert ledger.import_entry(ledger.entries()[0]) == (imported_id, False)
+
+
+def test_a_diverged_run_stopped_after_recording_its_entry_leaves_no_checkpoint_once_reused(repo, monkeypatch):
+    """Its entry holds the epochs before the divergence, fewer than the recipe's: the checkpoint of those epochs is
+    the finished run's all the same, and goes once the entry is reused (`--running` would list it as stopped)."""
+    monkeypatch.setitem(METHODS, "poison", Poison)
+    monkeypatch.setattr(Poison, "name", "poison")
+    monkeypatch.setitem(PAPERS["dfp"], "recipe", PAPERS["dfp"]["recipe"] | {"epochs": 3})
+    cfg = dataclasses.replace(small_config(epochs=3, study="dfp", method="poison"), ledger="record", threads=1)
+
+    def killed(*args, **kwargs):
+        raise SystemExit(143)  # as a kill's handler would: the checkpoint stays
+
+    with monkeypatch.context() as patched:
+        patched.setattr("cheaptrain.tracking.RunTracker.finish", killed)
+        with pytest.raises(SystemExit):
+            train_run(cfg)  # diverges in epoch 3; its 2 epochs recorded, then killed
+    assert [len(e.history) for e in ledger.entries()] == [2] and checkpoint_path(cfg).is_file()
+    monkeypatch.setattr("cheaptrain.runner.fit", lambda *a, **k: pytest.fail("trained again"))
+    assert train_run(cfg)["diverged_epoch"] == 3  # the entry reused
+    assert not checkpoint_path(cfg).exists() and not checkpoint_path(cfg).with_suffix(".lock").exists()
+
+
 def test_a_run_whose_first_checkpoint_fails_is_marked_failed_not_left_running(repo, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")

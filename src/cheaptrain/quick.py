@@ -20,6 +20,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import yaml
 from cheaptrain import UserError, atomic_write
 from cheaptrain.cli import run_command
 from cheaptrain.config import read_yaml
-from cheaptrain.prepare import DATASETS, resolve_source
+from cheaptrain.prepare import DATASETS, URL_PREFIXES
 
 
 def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
@@ -42,20 +43,27 @@ def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
-def with_env_sources(overlay: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The overlay with each $<DATASET>_SOURCE of the environment as its `download.<dataset>.source` (absolute): a
-    variable alone is invisible to DVC, which would keep data prepared from another source. Its sha256 goes (null)
-    unless the variable names the source the overlay or params.yaml (`params`) already name: it is that archive's."""
+def with_env_sources(
+    overlay: dict[str, Any], params: dict[str, Any], root: Path, environ: Mapping[str, str] = os.environ
+) -> dict[str, Any]:
+    """The overlay with each $<DATASET>_SOURCE of `environ` as its `download.<dataset>.source`, a path made absolute
+    against `root` (the repository the experiment runs in, as the download stage resolves it): a variable alone is
+    invisible to DVC, which would keep data prepared from another source. Its sha256 goes (null) unless the variable
+    names the source the overlay or params.yaml (`params`) already name: it is that archive's."""
+
+    def absolute(source: str) -> str:
+        local = source != "torchvision" and not source.lower().startswith(URL_PREFIXES)
+        return str((root / Path(source).expanduser()).resolve()) if local else source
+
     overlay = copy.deepcopy(overlay)
     for dataset in DATASETS:
-        if not (value := os.environ.get(f"{dataset.upper()}_SOURCE", "").strip()):
+        if not (value := environ.get(f"{dataset.upper()}_SOURCE", "").strip()):
             continue
-        source = resolve_source(dataset, value, environment=False)
         given = [(layer.get("download") or {}).get(dataset) or {} for layer in (overlay, params)]
         current = next((g["source"] for g in given if g.get("source")), "")
         entry = overlay.setdefault("download", {}).setdefault(dataset, {})
-        entry["source"] = source
-        if not current or resolve_source(dataset, current, environment=False) != source:
+        entry["source"] = absolute(value)
+        if not current or absolute(current) != entry["source"]:
             entry["sha256"] = None
     return overlay
 
@@ -87,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(ours)  # what follows -- is dvc's alone, flags too
     overlay = load_overlay(Path(args.overlay))
     params = Path("params.yaml")
-    overlay = with_env_sources(overlay, read_yaml(params.read_text()) or {} if params.is_file() else {})
+    overlay = with_env_sources(overlay, read_yaml(params.read_text()) or {} if params.is_file() else {}, Path.cwd())
     command = ["dvc", "exp", "run", *[a for o in overrides(overlay) for a in ("-S", o)], *extra]
     print(shlex.join(command), flush=True)
     if args.dry_run:

@@ -302,18 +302,22 @@ def remove_checkpoint(ckpt: Path) -> None:
     ckpt.with_suffix(".lock").unlink(missing_ok=True)
 
 
-def remove_finished(cfg: RunConfig) -> None:
-    """Remove the checkpoint of `cfg` and its lock where it holds every epoch: its run recorded its ledger entry, then
-    stopped before removing them (killed, or its MLflow store failed). One a process trains from now stays, and so
-    does one of an unfinished run (a retrain interrupted), to resume."""
+def remove_finished(cfg: RunConfig, entry_epochs: int) -> str | None:
+    """Remove the checkpoint of `cfg` and its lock where it holds every epoch, or those of its matching ledger entry
+    (`entry_epochs`: a run whose loss diverged keeps its epochs before): its run recorded the entry, then stopped
+    before removing them (killed, or its MLflow store failed). One a process trains from now stays, and so does one of
+    an unfinished run (a retrain interrupted), to resume. Returns the MLflow run the removed checkpoint names."""
     ckpt = checkpoint_path(cfg)
     if not ckpt.exists():
-        return
+        return None
     with checkpoint_owner(ckpt.with_suffix(".lock"), wait_s=0) as owner:
         state = read_checkpoint(ckpt, {})[0] if owner else None
-        if state is not None and len(state["history"]) >= cfg.recipe.epochs:
+        epochs = len(state["history"]) if state is not None else 0
+        if state is not None and (epochs >= cfg.recipe.epochs or epochs == entry_epochs):
             remove_checkpoint(ckpt)
             print(f"{cfg.name}: removed the checkpoint of its finished run, {ckpt}", file=sys.stderr)
+            return state.get("run_id")
+    return None
 
 
 def checkpoint_bytes(state: dict[str, Any]) -> bytes:
@@ -550,9 +554,12 @@ def train_run(cfg: RunConfig, track: bool = True, processes: Processes = ONE) ->
     if cfg.ledger == "record" and (entry := ledger_.find(cfg, run_code_version(cfg), digest_here(cfg.data_dir))):
         if not processes.main:
             return entry.metrics
-        remove_finished(cfg)  # a run stopped between recording its entry and removing its checkpoint
+        stopped = remove_finished(cfg, len(entry.history))  # between recording its entry and removing its checkpoint
         imported = "the ledger entry is not imported into MLflow (`python -m cheaptrain.ledger import` does it later)"
-        return ledger_.reuse(entry, cfg, track and mlflow_installed(imported))
+        tracked = track and mlflow_installed(imported)
+        if stopped and tracked:  # killed, it may be RUNNING still; the entry's import is the finished run
+            RunTracker.abandon(stopped, "stopped after recording its ledger entry, before its run finished")
+        return ledger_.reuse(entry, cfg, tracked)
     tracker = open_tracker(cfg.study, track and processes.main)  # fails here, before any work, if unusable
     start(processes, device_of(processes, resolve_device(cfg.device)))
     ckpt = checkpoint_path(cfg)

@@ -36,11 +36,12 @@ skip epochs), `cheap_time_share` is their median seconds and `cheap_work_share` 
 a full epoch's. The two are equal where leaving work out saves its time exactly; a time share above the work share
 is a cost the work measure does not count (loading, pruning's bookkeeping, a pass that cannot go faster).
 
-Spread: each figure is recomputed from epochs resampled with replacement within each kind (all but epoch 1),
-`REPLICATES` times, seeded by the run's name (the same output on every call); the 2.5th and 97.5th percentiles are
-its 95% interval. Over seeds (`seed_interval`), each replicate is averaged over the seeds, and with 2+ seeds the
-interval is widened to the t-interval over seeds where that is wider. The interval sees how epochs scatter within
-a run, not the scatter of a kind that has a single epoch.
+Spread: each figure is recomputed from epochs resampled with replacement within each kind (all but epoch 1), in blocks
+of BLOCK consecutive epochs of the kind (`resampled_medians`: neighbouring epochs share their speed window and the
+machine's load of the moment, so they are not independent), `REPLICATES` times, seeded by the run's name (the same
+output on every call); the 2.5th and 97.5th percentiles are its 95% interval. Over seeds (`seed_interval`), each
+replicate is averaged over the seeds, and with 2+ seeds the interval is widened to the t-interval over seeds where that
+is wider. The interval sees how epochs scatter within a run, not the scatter of a kind that has a single epoch.
 
 Why the evaluation clock: where a method's kinds of epochs keep apart in time, drift within a run moves one kind
 alone. InfoBatch's full epochs are its last ones (annealing), so a machine that got quieter late in a run lowered its
@@ -77,6 +78,7 @@ from cheaptrain.ledger import entries
 REPLICATES = 1000
 FULL = "full"
 SPEED_WINDOW = 2  # epochs on each side whose evaluation seconds give an epoch's machine speed
+BLOCK = 2 * SPEED_WINDOW + 1  # consecutive epochs of a kind resampled together: those that share a speed window
 
 
 @dataclass(frozen=True)
@@ -229,17 +231,19 @@ def paired_saving(run: RunTime, baseline: RunTime) -> tuple[float, list[float]]:
 
 
 def resampled_medians(rates: dict[str, list[float]], seed: str) -> dict[str, np.ndarray]:
-    """Per kind, the REPLICATES medians of its rates resampled with replacement: bitwise what
-    `[{k: statistics.median(rng.choices(v, k=len(v))) for k, v in rates.items()} for _ in range(REPLICATES)]` gives
-    with `rng = random.Random(seed)`, in one array operation instead of a million Python calls."""
-    stream = np.random.RandomState(python_random_key(seed))  # the draws of random.Random(seed), in order
-    sizes = [len(v) for v in rates.values()]
-    draws = stream.random_sample((REPLICATES, sum(sizes)))  # per replicate: each kind's draws, kind after kind
-    medians, start = {}, 0
-    for (kind, values), n in zip(rates.items(), sizes, strict=True):
-        picks = np.floor(draws[:, start : start + n] * n).astype(np.int64)  # random.choices picks floor(random() * n)
+    """Per kind, the REPLICATES medians of its rates (in epoch order) resampled in blocks: each replicate strings
+    together blocks of BLOCK consecutive rates from starts drawn with replacement, wrapping round the kind's end
+    (the circular block bootstrap), cut to the kind's count. Neighbouring epochs are not independent (their slowdown
+    shares a window; a machine's load lasts minutes), and resampled one by one they would narrow the interval. A kind
+    of BLOCK epochs or fewer is resampled one by one."""
+    stream = np.random.RandomState(python_random_key(seed))  # seeded by the run's name: the same on every call
+    medians = {}
+    for kind, values in rates.items():
+        n = len(values)
+        length = BLOCK if n > BLOCK else 1
+        starts = np.floor(stream.random_sample((REPLICATES, -(-n // length))) * n).astype(np.int64)
+        picks = ((starts[:, :, None] + np.arange(length)) % n).reshape(REPLICATES, -1)[:, :n]
         medians[kind] = np.median(np.asarray(values)[picks], axis=1)  # the middle one, or the mean of the middle two
-        start += n
     return medians
 
 

@@ -501,10 +501,9 @@ class RunTracker:
     @staticmethod
     def abandon(run_id: str, reason: str) -> None:
         """End an unfinished run that will never be continued (its checkpoint was discarded), saying why."""
-        from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
-        client = MlflowClient()
+        client = store_client()  # the project's store, also where no RunTracker has set MLflow's tracking URI
         with contextlib.suppress(MlflowException):  # gone from the store: nothing to end
             client.set_tag(run_id, "abandoned", reason)
             if client.get_run(run_id).info.status == "RUNNING":  # killed: it could not say so itself
