@@ -342,6 +342,18 @@ def crash_at_log_of(epoch: int, monkeypatch: pytest.MonkeyPatch) -> None:
             train_run(config())
 
 
+def crash_as_an_epoch_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run config() and crash as its first epoch here starts: killed before it checkpoints an epoch."""
+
+    def crash(self, epoch, lr):
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Stateful, "on_epoch_start", crash)
+        with pytest.raises(Crash):
+            train_run(config())
+
+
 def test_a_run_that_mlflow_left_running_is_marked_killed_in_the_store(workdir, monkeypatch):
     """An interrupt inside MLflow's own calls can leave fluent end_run without effect: fail() checks the store."""
     from mlflow import MlflowClient
@@ -485,13 +497,7 @@ def test_a_checkpoint_whose_mlflow_run_is_gone_resumes_into_a_new_run_with_every
     else:  # mlflow.db deleted, or MLFLOW_TRACKING_URI now names another store
         shutil.copy(empty_store, workdir / "mlflow.db")
 
-    def crash(self, epoch, lr):
-        raise Crash
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Stateful, "on_epoch_start", crash)
-        with pytest.raises(Crash):
-            train_run(config())
+    crash_as_an_epoch_starts(monkeypatch)
     assert checkpointed_epochs(workdir) == 3
     assert f"the MLflow run {gone} of its checkpoint is not in the store" in capsys.readouterr().err
     final = train_run(config())
@@ -592,13 +598,7 @@ def test_a_checkpoint_goes_to_disk_while_the_next_epoch_trains_and_its_epoch_the
 
 
 def test_a_run_killed_in_its_first_epoch_continues_the_same_mlflow_run(workdir, monkeypatch, expected):
-    def crash(self, epoch, lr):
-        raise Crash
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Stateful, "on_epoch_start", crash)
-        with pytest.raises(Crash):
-            train_run(config())
+    crash_as_an_epoch_starts(monkeypatch)
     assert checkpointed_epochs(workdir) == 0 and checkpoint_path(config()).exists()  # holds the MLflow run id
     final = train_run(config())
     assert in_process_results(final, workdir) == expected
