@@ -1,7 +1,7 @@
 """The mutation check: do the tests pin the rules of the code? Each mutant of tests/mutants.yaml breaks one rule (a
 comparison, an order, a formula) in a copy of this checkout, and the tests it names run against that copy (`-m "not
 e2e"`): a mutant is killed when they fail, and one that survives names a rule no test pins. First those tests run
-unmutated, and must pass. All of it takes about 35-40 minutes on 2 CPU cores, so it is not part of `make test`; run it
+unmutated, and must pass. All of it takes about 35-45 minutes on 2 CPU cores, so it is not part of `make test`; run it
 after changing a method or the report, and add a mutant for each rule a change brings.
 
     python tests/mutants.py                 # every mutant
