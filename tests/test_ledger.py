@@ -422,18 +422,25 @@ def test_a_failure_after_training_marks_the_mlflow_run_failed_and_the_rerun_fini
     assert run.info.status == "FINISHED" and ledger.entries()[0].info["mlflow_run_id"] == run.info.run_id
 
 
+def killed_once_recorded(monkeypatch: pytest.MonkeyPatch, cfg) -> None:
+    """Train `cfg` and stop it as a kill's handler would, its ledger entry recorded and its MLflow run not yet
+    finished: the checkpoint stays."""
+
+    def killed(*args, **kwargs):
+        raise SystemExit(143)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("cheaptrain.tracking.RunTracker.finish", killed)
+        with pytest.raises(SystemExit):
+            train_run(cfg)
+
+
 def test_a_run_stopped_after_recording_its_entry_leaves_no_checkpoint_once_reused(repo, monkeypatch):
     """Killed between its entry and removing its checkpoint: the rerun reuses the entry and removes the checkpoint of
     the finished run; a retrain's unfinished checkpoint beside a matching entry stays, to resume."""
 
-    def killed(*args, **kwargs):
-        raise SystemExit(143)  # as a kill's handler would: the checkpoint stays
-
     ckpt = checkpoint_path(config())
-    with monkeypatch.context() as patched:
-        patched.setattr("cheaptrain.tracking.RunTracker.finish", killed)
-        with pytest.raises(SystemExit):
-            train_run(config())
+    killed_once_recorded(monkeypatch, config())
     assert ledger.entries() and ckpt.is_file()
     train_run(config())  # the entry reused
     assert not ckpt.exists() and not ckpt.with_suffix(".lock").exists()
@@ -460,13 +467,7 @@ def test_a_run_killed_after_recording_its_entry_is_marked_killed_once_reused_and
     run of its own."""
     from mlflow import MlflowClient
 
-    def killed(*args, **kwargs):
-        raise SystemExit(137)
-
-    with monkeypatch.context() as patched:
-        patched.setattr("cheaptrain.tracking.RunTracker.finish", killed)
-        with pytest.raises(SystemExit):
-            train_run(config())
+    killed_once_recorded(monkeypatch, config())
     (live,) = mlflow_runs("cifar10-lenet-baseline-s7")
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     client.update_run(live.info.run_id, status="RUNNING")  # as SIGKILL leaves it: nothing could mark it
@@ -488,13 +489,7 @@ def test_a_diverged_run_stopped_after_recording_its_entry_leaves_no_checkpoint_o
     monkeypatch.setitem(PAPERS["dfp"], "recipe", PAPERS["dfp"]["recipe"] | {"epochs": 3})
     cfg = dataclasses.replace(small_config(epochs=3, study="dfp", method="poison"), ledger="record", threads=1)
 
-    def killed(*args, **kwargs):
-        raise SystemExit(143)  # as a kill's handler would: the checkpoint stays
-
-    with monkeypatch.context() as patched:
-        patched.setattr("cheaptrain.tracking.RunTracker.finish", killed)
-        with pytest.raises(SystemExit):
-            train_run(cfg)  # diverges in epoch 3; its 2 epochs recorded, then killed
+    killed_once_recorded(monkeypatch, cfg)  # diverges in epoch 3; its 2 epochs recorded, then killed
     assert [len(e.history) for e in ledger.entries()] == [2] and checkpoint_path(cfg).is_file()
     monkeypatch.setattr("cheaptrain.runner.fit", lambda *a, **k: pytest.fail("trained again"))
     assert train_run(cfg)["diverged_epoch"] == 3  # the entry reused

@@ -121,9 +121,9 @@ def _local_hint(info: DatasetInfo) -> str:
     )
 
 
-def resolve_source(dataset: str, source: str, environment: bool = True) -> str:
+def resolve_source(dataset: str, source: str, environment: bool = True, root: Path | None = None) -> str:
     """The effective source: $<DATASET>_SOURCE over the param (unless `environment` is False); relative paths made
-    absolute."""
+    absolute against `root` (default: the repository root under DVC, else the current directory)."""
     info = _info(dataset)
     source = (os.environ.get(_env_var(dataset), "").strip() if environment else "") or source.strip()
     if not source:
@@ -133,7 +133,7 @@ def resolve_source(dataset: str, source: str, environment: bool = True) -> str:
     if source == "torchvision" or source.lower().startswith(URL_PREFIXES):
         return source
     # DVC runs stages in temporary copies of the repo: "../shared/..." must mean beside the real repo.
-    base = Path(os.environ.get("DVC_ROOT") or os.getcwd())
+    base = root or Path(os.environ.get("DVC_ROOT") or os.getcwd())
     return str((base / Path(source).expanduser()).resolve())
 
 

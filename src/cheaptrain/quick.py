@@ -29,7 +29,7 @@ import yaml
 from cheaptrain import UserError, atomic_write
 from cheaptrain.cli import run_command
 from cheaptrain.config import read_yaml
-from cheaptrain.prepare import DATASETS, URL_PREFIXES
+from cheaptrain.prepare import DATASETS, resolve_source
 
 
 def overrides(overlay: dict[str, Any], prefix: str = "") -> list[str]:
@@ -50,11 +50,6 @@ def with_env_sources(
     against `root` (the repository the experiment runs in, as the download stage resolves it): a variable alone is
     invisible to DVC, which would keep data prepared from another source. Its sha256 goes (null) unless the variable
     names the source the overlay or params.yaml (`params`) already name: it is that archive's."""
-
-    def absolute(source: str) -> str:
-        local = source != "torchvision" and not source.lower().startswith(URL_PREFIXES)
-        return str((root / Path(source).expanduser()).resolve()) if local else source
-
     overlay = copy.deepcopy(overlay)
     for dataset in DATASETS:
         if not (value := environ.get(f"{dataset.upper()}_SOURCE", "").strip()):
@@ -62,8 +57,8 @@ def with_env_sources(
         given = [(layer.get("download") or {}).get(dataset) or {} for layer in (overlay, params)]
         current = next((g["source"] for g in given if g.get("source")), "")
         entry = overlay.setdefault("download", {}).setdefault(dataset, {})
-        entry["source"] = absolute(value)
-        if not current or absolute(current) != entry["source"]:
+        entry["source"] = resolve_source(dataset, value, environment=False, root=root)
+        if not current or resolve_source(dataset, current, environment=False, root=root) != entry["source"]:
             entry["sha256"] = None
     return overlay
 
