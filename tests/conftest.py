@@ -299,7 +299,8 @@ def loaded_started(request, tmp_path_factory, quick_started):
 
 @pytest.fixture(scope="session")
 def quick(quick_started, shared_archive) -> Path:
-    """The quick pipeline's checkout, once it has finished (started by `quick_started`). Tests only read from it."""
+    """The quick pipeline's checkout, once it has finished (started by `quick_started`). Tests read from it; the one
+    that fails its gate (test_check) puts params.yaml back, and leaves its check runs in the MLflow store."""
     repo, process, log = quick_started
     finish(process, timeout=2400, check=False)
     output = log.read_text()

@@ -436,6 +436,21 @@ def test_quick_pipeline_fails_when_the_gate_does(quick):
     assert "up to date" in run_in(quick, "dvc", "status").stdout
 
 
+def test_a_figure_on_its_threshold_passes():
+    """Thresholds are inclusive: a drop of exactly max_acc_drop, a saving of exactly min_time_saving pass."""
+    rows = [
+        row("dfp", "baseline", 55.0),
+        row("dfp", "dfp", 54.0, acc_delta=-1.0, time_saving_pct=5.0),
+        row("wus", "baseline", 61.0),
+        row("wus", "wus", 59.0, acc_delta=-2.0, time_saving_pct=20.0, updated_params_reduction_pct=50.0),
+    ]
+    checks = [c for c in evaluate(rows, load_gate({"check": THRESHOLDS})) if c.status != "skip"]
+    assert len(checks) == 7 and {c.status for c in checks} == {"pass"}, checks
+    nudged = [rows[0], rows[1] | {"acc_delta_mean": -1.01}, *rows[2:]]
+    failed = [c for c in evaluate(nudged, load_gate({"check": THRESHOLDS})) if c.status == "FAIL"]
+    assert [c.value for c in failed] == ["1.01 pts"]
+
+
 def test_a_grid_run_that_ended_at_chance_fails_the_gate_whatever_the_thresholds(tmp_path):
     """The summary leaves such a run out of every figure, so no threshold sees it: the gate names it itself, also
     where every run of its configuration collapsed (a row with no accuracy); the ledger's are not gated."""

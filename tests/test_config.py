@@ -1,6 +1,7 @@
 """Params: learning-rate schedules, resolution of every grid run, and clear errors for bad input."""
 
 import copy
+import dataclasses
 import re
 from typing import ClassVar
 
@@ -87,13 +88,44 @@ def test_quick_overlay_only_names_keys_of_params_yaml():
     check(overlay, PARAMS, "")
 
 
+def changed(value):
+    """Another value of the same kind."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, tuple):
+        return (*value, 1)
+    if isinstance(value, dict):
+        return {**value, "other": 1}
+    raise TypeError(value)
+
+
 def test_fingerprint_changes_with_any_setting():
-    a = resolve_run(PARAMS, "dfp", "cifar10", "lenet", "baseline", 0)
-    assert a.fingerprint() == resolve_run(PARAMS, "dfp", "cifar10", "lenet", "baseline", 0).fingerprint()
-    assert a.fingerprint() != resolve_run(PARAMS, "dfp", "cifar10", "lenet", "baseline", 1).fingerprint()
+    """A checkpoint resumes only a run of the same settings: each field of the configuration and of its recipe moves
+    the fingerprint, the ledger mode alone does not."""
+    a = resolve_run(PARAMS, "dfp", "cifar10", "lenet", "dfp", 0)
+    assert a.fingerprint() == resolve_run(PARAMS, "dfp", "cifar10", "lenet", "dfp", 0).fingerprint()
     params = copy.deepcopy(PARAMS)
     params["recipes"]["dfp"]["lr"] = 0.05
-    assert a.fingerprint() != resolve_run(params, "dfp", "cifar10", "lenet", "baseline", 0).fingerprint()
+    assert a.fingerprint() != resolve_run(params, "dfp", "cifar10", "lenet", "dfp", 0).fingerprint()
+    unmoved = []
+    for f in dataclasses.fields(a):
+        value = getattr(a, f.name)
+        if dataclasses.is_dataclass(value):
+            variants = [
+                (f"{f.name}.{g.name}", dataclasses.replace(value, **{g.name: changed(getattr(value, g.name))}))
+                for g in dataclasses.fields(value)
+            ]
+        else:
+            variants = [(f.name, changed(value))]
+        for name, other in variants:
+            if dataclasses.replace(a, **{f.name: other}).fingerprint() == a.fingerprint():
+                unmoved.append(name)
+    assert unmoved == ["ledger"]
+    assert a.method_args  # dfp's knobs: a change among them moves it too (above)
 
 
 def with_change(path: str, value):

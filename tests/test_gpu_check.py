@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -218,11 +220,29 @@ def test_cuda_tests_that_hang_fail_the_check_and_keep_what_they_printed(tmp_path
             threading.Event().wait()  # forever
         """,
     )
-    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 10)  # ample for a plain child pytest on busy cores; all waited
+    timeouts = []
+
+    def run_until_stuck(command, stdout, timeout, **kwargs):
+        """The real child pytest, timed out once the quick test has passed and the stuck one is running: the
+        order of events a timeout meets, without a wall-clock race."""
+        timeouts.append(timeout)
+        child = subprocess.Popen(command, stdout=stdout, **kwargs)
+        guard = time.monotonic() + 300  # against a hang, not a timing
+        while "test_stuck" not in Path(stdout.name).read_text().partition("test_quick PASSED")[2]:
+            assert child.poll() is None and time.monotonic() < guard, Path(stdout.name).read_text()
+            time.sleep(0.1)
+        child.kill()
+        child.wait()
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    fake = types.SimpleNamespace(**(vars(subprocess) | {"run": run_until_stuck}))  # subprocess.run patched here alone
+    monkeypatch.setattr(gpu_check, "subprocess", fake)
     report = gpu_check.Report(out)
     assert gpu_check.cuda_tests(report, torch.device("cuda"), tests=str(tests)) is False
+    assert timeouts == [gpu_check.TESTS_TIMEOUT_S]
     assert "test_quick PASSED" in (out / "cuda_tests.log").read_text()
-    assert "cuda tests: FAILED: still running after 10 s" in (out / "gpu_check.txt").read_text()
+    expected = f"cuda tests: FAILED: still running after {gpu_check.TESTS_TIMEOUT_S} s"
+    assert expected in (out / "gpu_check.txt").read_text()
 
 
 def test_a_failing_setting_or_method_is_reported_and_the_check_goes_on(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ imported into MLflow once."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -252,20 +253,22 @@ def test_without_mlflow_an_entry_is_written_and_imported_once_later(repo):
 
 
 def test_two_processes_that_import_one_entry_at_once_add_one_run(repo, monkeypatch):
-    """Runs that reuse one entry at once (queued experiments) each import it: the store gets it once. A search that
-    takes a while stands in for the race: both would find no run, and both would add one."""
+    """Runs that reuse one entry at once (queued experiments) each import it: the store gets it once. Each search
+    waits for the other's before it returns, which stands in for the race: without the lock both would find no run,
+    and both would add one; with it the second waits for the first's import, and the first's wait runs out."""
     import threading
-    import time
 
     from mlflow import MlflowClient
 
     train_run(config(), track=False)
     (entry,) = ledger.entries()
     search = MlflowClient.search_runs
+    both_searched = threading.Barrier(2, timeout=3)
 
     def slow_search(self, *args, **kwargs):
         found = search(self, *args, **kwargs)
-        time.sleep(0.5)
+        with contextlib.suppress(threading.BrokenBarrierError):  # the other is held at the lock: no race
+            both_searched.wait()
         return found
 
     monkeypatch.setattr(MlflowClient, "search_runs", slow_search)

@@ -139,11 +139,19 @@ def test_atomic_write_gives_a_new_file_the_umasks_permissions_and_keeps_a_replac
     assert new.read_bytes() == b"# results, again\n" and new.stat().st_mode & 0o777 == 0o640
 
 
-def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_path, monkeypatch):
     path = tmp_path / "metrics.json"
     atomic_write(path, "{}\n")
-    with pytest.raises(TypeError):
-        atomic_write(path, 12)  # type: ignore[arg-type]  # fails while writing
+    seen = []
+
+    def disk_full(fd: int) -> None:  # the new bytes are written, not yet on disk
+        seen.extend(sorted(p.name for p in tmp_path.iterdir()))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write(path, '{"new": 1}\n')
+    assert len(seen) == 2 and seen[0].startswith(".metrics.json.") and seen[0].endswith(".tmp")  # it was there
     assert path.read_text() == "{}\n" and [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -791,18 +792,25 @@ def test_an_unusable_checkpoint_is_discarded_with_a_warning_and_the_run_starts_a
         assert reason in client.get_run(stale_run).data.tags["abandoned"]
 
 
-def test_a_probe_of_the_lock_leaves_a_starting_run_its_checkpoint(tmp_path):
+def test_a_probe_of_the_lock_leaves_a_starting_run_its_checkpoint(tmp_path, monkeypatch):
     """`--running` and every `threads: auto` training probe each lock (a shared lock, for an instant): a run starting
     meanwhile waits it out and owns its checkpoint; a lock held on, by a process training the run, it does not get."""
     lock_path = tmp_path / "run.lock"
     lock_path.touch()
     with open(lock_path) as probe:
         fcntl.flock(probe, fcntl.LOCK_SH)  # as runner.lock_held takes it
-        release = threading.Timer(0.2, fcntl.flock, (probe, fcntl.LOCK_UN))
-        release.start()
+        waits = []
+
+        def probe_ends_during_the_wait(seconds: float) -> None:  # the probe's instant ends as the run waits
+            waits.append(seconds)
+            fcntl.flock(probe, fcntl.LOCK_UN)
+
+        monkeypatch.setattr(
+            runner, "time", types.SimpleNamespace(**(vars(time) | {"sleep": probe_ends_during_the_wait}))
+        )
         with runner.checkpoint_owner(lock_path) as owner:
-            assert owner
-        release.join()
+            assert owner and len(waits) == 1  # refused once, owned at the next try
+        monkeypatch.undo()
     with open(lock_path) as training:
         fcntl.flock(training, fcntl.LOCK_EX)
         with runner.checkpoint_owner(lock_path, wait_s=0.1) as owner:
@@ -982,11 +990,24 @@ def test_an_unusable_tracking_store_fails_at_start_before_any_training(workdir, 
 
 
 def test_the_stage_exits_2_at_once_on_an_unreachable_tracking_server(workdir, monkeypatch):
+    """The probe connects 3 times (2 retries), not MLflow's 8 over minutes: counted, not timed."""
+    import urllib3.connectionpool
+
+    attempts = []
+    connect = urllib3.connectionpool.HTTPConnectionPool._make_request
+
+    def counted(pool, *args, **kwargs):
+        attempts.append(pool.port)
+        if len(attempts) > 3:  # one past the bound: fail at once rather than wait out MLflow's backoff
+            raise AssertionError("a fourth connection attempt")
+        return connect(pool, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.connectionpool.HTTPConnectionPool, "_make_request", counted)
     (workdir / "params.yaml").write_text(yaml.safe_dump(small_params(), sort_keys=False))
-    uri = f"http://127.0.0.1:{closed_port()}"
-    started = time.monotonic()
+    port = closed_port()
+    uri = f"http://127.0.0.1:{port}"
     result = train_in_process(monkeypatch, workdir, *run_args(), MLFLOW_TRACKING_URI=uri)
-    assert time.monotonic() - started < 120  # the probe's few retries, not MLflow's minutes of them
+    assert attempts == [port] * 3
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "MLFLOW_TRACKING_URI" in errors[0] and uri in errors[0]

@@ -227,6 +227,7 @@ def test_final_metrics_use_both_papers_accuracy_measures():
     assert final["best3_acc"] == pytest.approx((70 + 65 + 60) / 3)
     assert final["train_time_s"] == 5.0 and final["eval_time_s"] == 2.5
     assert final["total_train_flops"] == 35 and final["total_trained_samples"] == 50
+    assert final_metrics(history[:2])["best3_acc"] == 60  # a run that diverged in epoch 3: the mean of the two it has
 
 
 # LeNet steps (channels_last, a new batch each) in a fresh process: the page faults of the last 30 steps.
