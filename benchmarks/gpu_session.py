@@ -135,6 +135,7 @@ PACE_WINDOW = 5  # the most recent spans its pace counts
 POLL_S = 5
 STATE = Path("gpu-session")  # the runs started (state.json) and their logs: what --collect reads
 DETACHED = STATE / "detached.json"  # where a session started with --return-after goes on: what --collect reads first
+RETURNED = "returned"  # in a --workdir: every entry its session trained has come back in a command's OUT
 
 
 @dataclass(frozen=True)
@@ -637,8 +638,9 @@ def report(session: Session, runs: list[Training]) -> None:
     pack(session, [run.spec for run in runs])
 
 
-def collect(session: Session) -> None:
-    """Wait for the runs a session started and left training, until they end or the deadline; pack."""
+def collect(session: Session) -> bool:
+    """Wait for the runs a session started and left training, until they end or the deadline; pack. True when none
+    trains on: every entry is in OUT."""
     path = STATE / "state.json"
     if not path.is_file():
         raise UserError(f"{path} is missing: no session started runs here")
@@ -653,6 +655,7 @@ def collect(session: Session) -> None:
         packed = pack_new(session, runs, packed)
         say_exited(session, runs)
     report(session, runs)
+    return not any(run.alive() for run in runs)
 
 
 def detach(session: Session, args: argparse.Namespace) -> int:
@@ -663,6 +666,9 @@ def detach(session: Session, args: argparse.Namespace) -> int:
         raise UserError(f"--workdir {work} holds the checkout: name a folder outside it")
     if work.exists() and any(work.iterdir()) and not (work / "session.log").is_file():
         raise UserError(f"--workdir {work} holds files but no earlier session (session.log): name another folder")
+    if (work / "repo" / STATE / "state.json").is_file() and not (work / RETURNED).is_file():
+        raise UserError(f"the earlier session in {work} trained runs whose entries no command has brought back: "
+                        "--collect first (it packs them into its OUT), or name another --workdir")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)  # an earlier session's copy
     left_out = {Path.cwd() / ".git", Path.cwd() / STATE, args.out, work}  # OUT and the copy may lie in the checkout
 
@@ -689,6 +695,8 @@ def detach(session: Session, args: argparse.Namespace) -> int:
     if process.poll() is None:
         session.say(f"returning: the session goes on in {work} (pid {process.pid}); --collect waits for it")
         return 0
+    if not still_training([work / "repo" / STATE / "state.json"]):  # it packed every entry, copied into OUT
+        (work / RETURNED).touch()
     return process.returncode
 
 
@@ -792,6 +800,9 @@ def main() -> None:
                     raise UserError(f"the session in {work} ended before it started runs (it failed, or had nothing "
                                     f"to train): what it printed is in {session.out / 'detached.log'}")  # fmt: skip
                 os.chdir(work / "repo")
+                if collect(session):
+                    (work / RETURNED).touch()
+                return
             collect(session)
             return
         if DETACHED.is_file() and alive(pid := json.loads(DETACHED.read_text())["pid"]):  # its runs have the device

@@ -155,6 +155,7 @@ def test_a_session_longer_than_a_command_trains_detached_in_a_copy_and_collect_b
     state = json.loads((work / "repo/gpu-session/state.json").read_text())
     assert [item["run"] for item in state] == ["dfp:lenet:baseline:0", "dfp:lenet:dfp:0"]
     assert (repo / "out/session.txt").read_text() == collected.stdout  # the session's lines, from its start
+    assert (work / "returned").is_file()  # a new session may empty the copy: its entries are in OUT
 
 
 def test_retrain_stale_trains_again_a_run_whose_entry_older_code_trained_and_replaces_the_entry(
@@ -332,6 +333,24 @@ def test_return_after_never_empties_a_workdir_of_other_files_or_the_checkout(tmp
         assert exit_code(monkeypatch, "--minutes", "9", "--return-after", "1", "--workdir", workdir) == 1, workdir
         assert reason in capsys.readouterr().out, workdir
     assert (tmp_path / "notes/keep.txt").read_text() == "mine"
+
+
+def test_return_after_keeps_an_earlier_copy_whose_entries_no_command_brought_back(tmp_path, monkeypatch, capsys):
+    """A session detached, then a new one started without --collect between: emptying the copy would lose the
+    entries its runs trained there (packed in its OUT, which no command copied back)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "params.yaml", tmp_path)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (tmp_path / "w/repo/gpu-session").mkdir(parents=True)
+    (tmp_path / "w/session.log").write_text("")
+    state = [{"run": "dfp:vgg19:baseline:0", "pid": ended.pid, "epochs": 200, "estimate_s": 400}]
+    (tmp_path / "w/repo/gpu-session/state.json").write_text(json.dumps(state))
+    (tmp_path / "w/out").mkdir()
+    (tmp_path / "w/out/ledger.tar.gz").write_bytes(b"the entries")
+    assert exit_code(monkeypatch, "--minutes", "9", "--return-after", "1", "--workdir", "w") == 1
+    assert "--collect first" in capsys.readouterr().out
+    assert (tmp_path / "w/out/ledger.tar.gz").read_bytes() == b"the entries"
 
 
 def test_a_run_that_cannot_end_before_the_deadline_is_not_started(repo):
