@@ -10,8 +10,9 @@ the two entries' run.json; seed order where an entry lacks it). Printed for the 
 --at (default: every K from 3 on): the mean difference and its 95% t-interval (the report's, `equal_cost.Paired`), the
 seeds it is ahead on, and whether the interval excludes 0 at that one look. A comparison looked at after each batch
 of new seeds, and called a finding at the first look whose interval excludes 0, is one more often than 5% of the time
-when nothing is there: last, for all the seeds, the interval widened for --looks looks (default: the number of --at
-values, with --at) by Bonferroni's rule, a (1 − 0.05 / looks) t-interval, which holds whatever the looks saw. The
+when nothing is there: last, for the seeds of the last look (the largest K of --at: a plan's figure stays as it was
+when seeds come in later; all the seeds without --at), the interval widened for --looks looks (default: the number of
+--at values, with --at) by Bonferroni's rule, a (1 − 0.05 / looks) t-interval, which holds whatever the looks saw. The
 report widens it so for one look per seed count from 3 (`equal_cost.Paired.widened`); a plan that fixed fewer looks
 reads its own here. No training: seconds.
 """
@@ -102,9 +103,11 @@ def main() -> None:
         print(f"{k:>3}{seeds[k - 1]:>10}{mean:>+8.2f}  {shown:<18}{paired.ahead:>5} of {k:<3}{found}")
     looks = args.looks or (len(args.at) if args.at else None)
     if looks:
-        low, high = interval(differences, looks)
+        last = max(counts)
+        low, high = interval(differences[:last], looks)
         found = "excludes 0" if low > 0 or high < 0 else "contains 0"
-        print(f"all {len(seeds)} seeds, widened for {looks} look{'s' * (looks > 1)} (Bonferroni: a "
+        which = f"all {len(seeds)} seeds" if last == len(seeds) else f"the first {last} of {len(seeds)} seeds"
+        print(f"{which}, widened for {looks} look{'s' * (looks > 1)} (Bonferroni: a "
               f"{100 * (1 - 0.05 / looks):.4g}% t-interval): [{low:+.2f}, {high:+.2f}], {found}")  # fmt: skip
 
 

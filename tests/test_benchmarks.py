@@ -374,6 +374,14 @@ def test_the_looks_analysis_follows_a_comparison_seed_by_seed_and_widens_its_int
     wide = 3.4954 * statistics.stdev(differences) / math.sqrt(5)  # t at 1 - 0.0125, 4 degrees of freedom
     assert lines[4] == (f"all 5 seeds, widened for 2 looks (Bonferroni: a 97.5% t-interval): [{1.4 - wide:+.2f}, "
                         f"{1.4 + wide:+.2f}], contains 0")  # fmt: skip
+    # a plan's looks at 3 and 4 seeds: its widened figure is the fourth seed's, whatever came in since
+    earlier = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/dfp", "--ledger", str(tmp_path), "--at", "3", "4")
+    wide = 4.1765 * statistics.stdev(differences[:4]) / math.sqrt(4)  # t at 1 - 0.0125, 3 degrees of freedom
+    mean = statistics.fmean(differences[:4])
+    assert earlier.stdout.splitlines()[4] == (
+        f"the first 4 of 5 seeds, widened for 2 looks (Bonferroni: a 97.5% t-interval): [{mean - wide:+.2f}, "
+        f"{mean + wide:+.2f}], excludes 0"
+    )
     behind = benchmark_here(monkeypatch, "looks", "dfp/cifar10/lenet/baseline", "--against", "dfp", "--ledger",
                             str(tmp_path), "--at", "3")  # fmt: skip
     below = ["-1.50", f"[{-1.5 - half:+.2f},", f"{-1.5 + half:+.2f}]", "0", "of", "3", "yes"]  # a finding too
