@@ -791,6 +791,7 @@ def main() -> None:
     session.say(f"gpu_session on {device_name(device)}: torch {torch.__version__}, {args.minutes:g} minutes")
     try:
         if args.collect:
+            work = None
             if DETACHED.is_file():  # a session started with --return-after: its runs are in its copy
                 detached = json.loads(DETACHED.read_text())
                 work = Path(detached["workdir"])
@@ -800,10 +801,8 @@ def main() -> None:
                     raise UserError(f"the session in {work} ended before it started runs (it failed, or had nothing "
                                     f"to train): what it printed is in {session.out / 'detached.log'}")  # fmt: skip
                 os.chdir(work / "repo")
-                if collect(session):
-                    (work / RETURNED).touch()
-                return
-            collect(session)
+            if collect(session) and work is not None:  # the copy's entries are in OUT: a new session may empty it
+                (work / RETURNED).touch()
             return
         if DETACHED.is_file() and alive(pid := json.loads(DETACHED.read_text())["pid"]):  # its runs have the device
             raise UserError(f"the session started earlier (pid {pid}) still runs: --collect waits for it")

@@ -806,12 +806,11 @@ def test_a_probe_of_the_lock_leaves_a_starting_run_its_checkpoint(tmp_path, monk
             waits.append(seconds)
             fcntl.flock(probe, fcntl.LOCK_UN)
 
-        monkeypatch.setattr(
-            runner, "time", types.SimpleNamespace(**(vars(time) | {"sleep": probe_ends_during_the_wait}))
-        )
-        with runner.checkpoint_owner(lock_path) as owner:
-            assert owner and len(waits) == 1  # refused once, owned at the next try
-        monkeypatch.undo()
+        waiting = types.SimpleNamespace(**(vars(time) | {"sleep": probe_ends_during_the_wait}))  # runner's time alone
+        with monkeypatch.context() as patched:
+            patched.setattr(runner, "time", waiting)
+            with runner.checkpoint_owner(lock_path) as owner:
+                assert owner and len(waits) == 1  # refused once, owned at the next try
     with open(lock_path) as training:
         fcntl.flock(training, fcntl.LOCK_EX)
         with runner.checkpoint_owner(lock_path, wait_s=0.1) as owner:
